@@ -1,0 +1,53 @@
+"""The API's error shape: 400 with field messages, 404, 409 for conflicts, 412 for stale versions; never a 500 for
+something a client can send."""
+
+from __future__ import annotations
+
+import logging
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.http import Http404
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+log = logging.getLogger(__name__)
+
+
+class Conflict(exceptions.APIException):
+    status_code = status.HTTP_409_CONFLICT
+    default_detail = "The request conflicts with the current state."
+    default_code = "conflict"
+
+    def __init__(self, detail=None, *, extra: dict | None = None):
+        super().__init__(detail)
+        self.extra = extra or {}
+
+
+class PreconditionFailed(exceptions.APIException):
+    status_code = status.HTTP_412_PRECONDITION_FAILED
+    default_detail = "The object changed since you last read it."
+    default_code = "stale"
+
+
+def exception_handler(exc, context):
+    from slotkeeper.domain import DomainError, NotFound, StaleVersion
+
+    if isinstance(exc, NotFound):
+        exc = exceptions.NotFound(str(exc))
+    elif isinstance(exc, StaleVersion):
+        exc = PreconditionFailed(str(exc))
+    elif isinstance(exc, DomainError):
+        exc = Conflict(str(exc), extra=getattr(exc, "extra", None))
+    elif isinstance(exc, DjangoValidationError):
+        exc = exceptions.ValidationError(exc.message_dict if hasattr(exc, "error_dict") else exc.messages)
+    elif isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    response = drf_exception_handler(exc, context)
+    if response is not None and isinstance(exc, Conflict) and exc.extra:
+        response.data = {"detail": response.data["detail"], **exc.extra}
+    return response
+
+
+def conflict_response(message: str, **extra) -> Response:
+    return Response({"detail": message, **extra}, status=status.HTTP_409_CONFLICT)

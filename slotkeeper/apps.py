@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class SlotkeeperConfig(AppConfig):
+    name = "slotkeeper"
+    verbose_name = "Slotkeeper"

@@ -1,0 +1,27 @@
+"""ASGI entry point: HTTP through Django, websockets through Channels (authenticated, origin-checked)."""
+
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "slotkeeper.settings")
+django_asgi_app = get_asgi_application()
+
+from channels.auth import AuthMiddlewareStack  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.urls import path  # noqa: E402
+
+from slotkeeper.consumers import ConsoleConsumer  # noqa: E402
+from slotkeeper.embedded import with_embedded_loop  # noqa: E402
+
+application = with_embedded_loop(
+    ProtocolTypeRouter(
+        {
+            "http": django_asgi_app,
+            "websocket": AllowedHostsOriginValidator(
+                AuthMiddlewareStack(URLRouter([path("ws/console/", ConsoleConsumer.as_asgi())]))
+            ),
+        }
+    )
+)

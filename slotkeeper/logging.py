@@ -1,0 +1,58 @@
+"""Structured logs: one JSON object a line, with the request id of the HTTP request or Celery task that wrote it."""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import uuid
+from datetime import UTC, datetime
+
+request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+class RequestIdFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.request_id = request_id_var.get()
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    # Attributes every LogRecord has; anything else was passed with `extra=` and belongs in the JSON object.
+    _standard = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "request_id"}
+
+    def format(self, record: logging.LogRecord) -> str:
+        payload = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+            "request_id": getattr(record, "request_id", "-"),
+        }
+        for key, value in vars(record).items():
+            if key not in self._standard and not key.startswith("_"):
+                payload[key] = value
+        if record.exc_info:
+            payload["exc"] = self.formatException(record.exc_info)
+        return json.dumps(payload, default=str)
+
+
+class RequestIdMiddleware:
+    """Takes X-Request-ID from the caller (or makes one), logs with it, and returns it on the response."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        rid = request.headers.get("X-Request-ID", "")[:64] or new_request_id()
+        token = request_id_var.set(rid)
+        try:
+            response = self.get_response(request)
+        finally:
+            request_id_var.reset(token)
+        response["X-Request-ID"] = rid
+        return response

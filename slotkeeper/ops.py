@@ -1,0 +1,58 @@
+"""Operability endpoints: liveness, readiness and Prometheus metrics. Unauthenticated by design (probes and
+scrapers), and they reveal only counts, never names or reasons."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
+from django.http import HttpResponse, JsonResponse
+from django.views.decorators.http import require_GET
+
+from slotkeeper import metrics as counters
+
+
+@require_GET
+def healthz(request):
+    return HttpResponse("ok", content_type="text/plain")
+
+
+@require_GET
+def readyz(request):
+    checks: dict[str, str] = {}
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        executor = MigrationExecutor(connection)
+        unapplied = executor.migration_plan(executor.loader.graph.leaf_nodes())
+        checks["database"] = "ok"
+        checks["migrations"] = "ok" if not unapplied else f"{len(unapplied)} unapplied"
+    except Exception as exc:
+        checks["database"] = f"error: {type(exc).__name__}"
+    if settings.REDIS_URL:
+        try:
+            import redis
+
+            redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1).ping()
+            checks["redis"] = "ok"
+        except Exception as exc:
+            checks["redis"] = f"error: {type(exc).__name__}"
+    ready = all(v == "ok" for v in checks.values())
+    return JsonResponse({"ready": ready, "checks": checks}, status=200 if ready else 503)
+
+
+def _line(name: str, labels: dict[str, str], value: float) -> str:
+    if labels:
+        inner = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        return f"{name}{{{inner}}} {value:g}"
+    return f"{name} {value:g}"
+
+
+@require_GET
+def metrics(request):
+    lines = []
+    for name, labels, value in counters.gauges():
+        lines.append(_line(name, labels, value))
+    for name, labels, value in counters.snapshot():
+        lines.append(_line(name, labels, value))
+    return HttpResponse("\n".join(lines) + "\n", content_type="text/plain; version=0.0.4")

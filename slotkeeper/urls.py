@@ -1,0 +1,33 @@
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework.routers import DefaultRouter
+
+from fleet import views as fleet_views
+from fleet.api.views import NodeViewSet, PlacementPreviewView, PlacementReportViewSet
+from slotkeeper import ops
+
+router = DefaultRouter(trailing_slash="/?")
+router.register("nodes", NodeViewSet, basename="node")
+router.register("placement/reports", PlacementReportViewSet, basename="placement-report")
+
+api_urls = [
+    path("placement/preview", PlacementPreviewView.as_view(), name="placement-preview"),
+    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("", include(router.urls)),
+]
+
+urlpatterns = [
+    path("", fleet_views.board, name="fleet-board"),
+    path("nodes/<int:node_id>/", fleet_views.node_detail, name="node-detail"),
+    path("placement/<int:report_id>/", fleet_views.report_detail, name="placement-report"),
+    path("login/", auth_views.LoginView.as_view(template_name="login.html"), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("admin/", admin.site.urls),
+    path("api/", include(api_urls)),
+    path("healthz", ops.healthz, name="healthz"),
+    path("readyz", ops.readyz, name="readyz"),
+    path("metrics", ops.metrics, name="metrics"),
+]
