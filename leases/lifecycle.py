@@ -120,10 +120,14 @@ LEASE_TRANSITIONS: Mapping[LeaseState, frozenset[LeaseState]] = MappingProxyType
 _FIXED_WINDOW_TYPES: Mapping[str, str] = MappingProxyType(
     {"advance_reservation": "an advance reservation", "immediate": "an immediate lease"}
 )
-_FIXED_WINDOW_STATES = frozenset(
-    {_L.NEW, _L.PENDING, _L.REJECTED, _L.REJECTED_BY_USER, _L.SCHEDULED, _L.PREPARING, _L.READY, _L.ACTIVE}
-    | TERMINAL_LEASE_STATES
-)
+_FIXED_WINDOW_STATES = TERMINAL_LEASE_STATES | {
+    _L.NEW,
+    _L.PENDING,
+    _L.SCHEDULED,
+    _L.PREPARING,
+    _L.READY,
+    _L.ACTIVE,
+}
 
 # Revocation and node loss can interrupt any instance that exists (seed 003). A RESCHEDULED record is already
 # replaced elsewhere and is only ever unloaded, and a REVOKED instance whose node then dies is still revoked:
@@ -278,10 +282,16 @@ _PRE_RUN = frozenset({_I.REQUESTED, _I.PLACED, _I.FETCHING, _I.VERIFIED, _I.LOAD
 _RUN = frozenset({_I.RUNNING, _I.UNHEALTHY, _I.RESTARTING})
 _AFTERMATH = frozenset(InstanceState) - _PRE_RUN - _RUN
 _INSTANCES_ALLOWED: Mapping[LeaseState, frozenset[InstanceState]] = MappingProxyType(
-    {_L.NEW: frozenset()}
-    | {state: _AFTERMATH | _PRE_RUN for state in (_L.PREPARING, _L.READY, _L.MIGRATING, _L.RESUMING)}
-    | {_L.RESUMED_READY: _AFTERMATH | _PRE_RUN, _L.SUSPENDING: _AFTERMATH | _RUN}
-    | {_L.ACTIVE: frozenset(InstanceState)}
+    {
+        _L.NEW: frozenset(),
+        _L.PREPARING: _AFTERMATH | _PRE_RUN,
+        _L.READY: _AFTERMATH | _PRE_RUN,
+        _L.MIGRATING: _AFTERMATH | _PRE_RUN,
+        _L.RESUMING: _AFTERMATH | _PRE_RUN,
+        _L.RESUMED_READY: _AFTERMATH | _PRE_RUN,
+        _L.ACTIVE: frozenset(InstanceState),
+        _L.SUSPENDING: _AFTERMATH | _RUN,
+    }
 )
 
 
