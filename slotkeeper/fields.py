@@ -12,8 +12,10 @@ class StrictIntegerField(serializers.IntegerField):
     default_error_messages = {"invalid": "A whole number is required (got {kind})."}
 
     def to_internal_value(self, data):
-        if isinstance(data, bool) or not isinstance(data, int | float) or (
-            isinstance(data, float) and not data.is_integer()
+        if (
+            isinstance(data, bool)
+            or not isinstance(data, int | float)
+            or (isinstance(data, float) and not data.is_integer())
         ):
             self.fail("invalid", kind=type(data).__name__)
         return super().to_internal_value(int(data))

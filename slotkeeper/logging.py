@@ -23,7 +23,11 @@ class RequestIdFilter(logging.Filter):
 
 class JsonFormatter(logging.Formatter):
     # Attributes every LogRecord has; anything else was passed with `extra=` and belongs in the JSON object.
-    _standard = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "request_id"}
+    _standard = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
+        "message",
+        "asctime",
+        "request_id",
+    }
 
     def format(self, record: logging.LogRecord) -> str:
         payload = {

@@ -8,7 +8,19 @@ from fleet import views as fleet_views
 from fleet.api.views import NodeViewSet, PlacementPreviewView, PlacementReportViewSet
 from slotkeeper import ops
 
-router = DefaultRouter(trailing_slash="/?")
+
+class Router(DefaultRouter):
+    """Both `/api/nodes/7` and `/api/nodes/7/` resolve: the API's documented paths mix the two styles, and a
+    client should never get a redirect (which drops a POST body) for a missing slash."""
+
+    include_format_suffixes = False
+
+    def __init__(self):
+        super().__init__()
+        self.trailing_slash = "/?"
+
+
+router = Router()
 router.register("nodes", NodeViewSet, basename="node")
 router.register("placement/reports", PlacementReportViewSet, basename="placement-report")
 
@@ -22,6 +34,7 @@ api_urls = [
 urlpatterns = [
     path("", fleet_views.board, name="fleet-board"),
     path("nodes/<int:node_id>/", fleet_views.node_detail, name="node-detail"),
+    path("nodes/<int:node_id>/drain", fleet_views.drain, name="node-drain"),
     path("placement/<int:report_id>/", fleet_views.report_detail, name="placement-report"),
     path("login/", auth_views.LoginView.as_view(template_name="login.html"), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),

@@ -1,0 +1,40 @@
+# Slotkeeper. `make run` starts the embedded console with a demo fleet; `make test` runs the tests.
+# Every target installs first when .venv is missing.
+PY      := .venv/bin/python
+VENV    := .venv/.installed
+PYTHON  ?= python3
+
+.PHONY: install run test lint schema bench clean
+
+$(VENV): pyproject.toml
+	$(PYTHON) -m venv .venv
+	.venv/bin/pip install --quiet --upgrade pip
+	.venv/bin/pip install --quiet -e '.[dev]'
+	touch $(VENV)
+
+install: $(VENV)
+
+run: $(VENV)
+	$(PY) manage.py demo
+
+test: $(VENV)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(VENV)
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
+	.venv/bin/mypy
+	$(PY) manage.py check --fail-level WARNING
+	$(PY) manage.py makemigrations --check --dry-run
+	$(PY) manage.py spectacular --validate --fail-on-warn --file .schema.check.yaml
+	@diff -u docs/openapi.yaml .schema.check.yaml > /dev/null || (echo "docs/openapi.yaml is stale: run 'make schema' and commit it"; diff -u docs/openapi.yaml .schema.check.yaml | head -40; rm -f .schema.check.yaml; exit 1)
+	@rm -f .schema.check.yaml
+
+schema: $(VENV)
+	$(PY) manage.py spectacular --validate --fail-on-warn --file docs/openapi.yaml
+
+bench: $(VENV)
+	$(PY) bench/run_all.py
+
+clean:
+	rm -rf .venv *.egg-info .pytest_cache .ruff_cache .mypy_cache slotkeeper.sqlite3 .test.sqlite3

@@ -1,0 +1,362 @@
+"""The only write paths of the fleet: register, update, delete, heartbeat, drain / undrain, declare dead, sweep.
+
+Each action is one transaction, writes an audit row when an operator-visible state changes, and announces the change
+only after commit. Status changes are compare-and-swap updates (`filter(status=OLD).update(status=NEW)`), so a sweep
+and a heartbeat racing on one node cannot both apply: the loser's update matches no row.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import Q
+
+from fleet.models import HealthSample, Node, NodeStatus
+from fleet.signals import nodes_died
+from slotkeeper import audit, events
+from slotkeeper.domain import DomainError, NotFound
+from slotkeeper.models import hash_token, new_token
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class HealthReport:
+    mem_total_mib: int
+    mem_used_mib: int
+    disk_free_gib: float
+    cpu_pct: float
+    load1: float
+    instances: tuple[dict, ...] = ()
+
+
+def get_node(node_id: int, *, lock: bool = False) -> Node:
+    qs = Node.objects.select_for_update() if lock else Node.objects
+    try:
+        return qs.get(pk=node_id)
+    except Node.DoesNotExist:
+        raise NotFound(f"node {node_id} does not exist") from None
+
+
+def do_register_node(
+    actor, *, name: str, cpu_cores: int, mem_total_mib: int, disk_total_gib: int, capabilities, now: datetime
+) -> tuple[Node, str]:
+    """Creates a node and returns it with its token, which is shown this once and stored only as a digest."""
+    raw = new_token("skn")
+    try:
+        with transaction.atomic():
+            node = Node.objects.create(
+                name=name,
+                cpu_cores=cpu_cores,
+                mem_total_mib=mem_total_mib,
+                disk_total_gib=disk_total_gib,
+                capabilities=sorted(set(capabilities)),
+                status=NodeStatus.OFFLINE,
+                status_changed_at=now,
+                status_reason="registered; waiting for its first heartbeat",
+                token_digest=hash_token(raw),
+            )
+            audit.record(at=now, actor=actor, action="node.register", target=node)
+            events.send_on_commit("node-changed", node=node.pk)
+    except IntegrityError:
+        raise DomainError(f"a node named {name!r} already exists") from None
+    return node, raw
+
+
+def do_rotate_token(actor, node_id: int, *, now: datetime) -> str:
+    raw = new_token("skn")
+    with transaction.atomic():
+        node = get_node(node_id, lock=True)
+        node.token_digest = hash_token(raw)
+        node.save(update_fields=["token_digest"])
+        audit.record(at=now, actor=actor, action="node.rotate_token", target=node)
+    return raw
+
+
+EDITABLE = ("name", "cpu_cores", "mem_total_mib", "disk_total_gib", "capabilities")
+
+
+def do_update_node(actor, node_id: int, changes: dict, *, now: datetime) -> Node:
+    try:
+        with transaction.atomic():
+            node = get_node(node_id, lock=True)
+            before = {f: getattr(node, f) for f in changes if f in EDITABLE}
+            for field, value in changes.items():
+                if field in EDITABLE:
+                    setattr(node, field, sorted(set(value)) if field == "capabilities" else value)
+            node.version += 1
+            node.save(update_fields=[*before, "version"])
+            audit.record(
+                at=now,
+                actor=actor,
+                action="node.update",
+                target=node,
+                details={"before": before, "after": {f: getattr(node, f) for f in before}},
+            )
+            events.send_on_commit("node-changed", node=node.pk)
+    except IntegrityError:
+        raise DomainError(f"a node named {changes.get('name')!r} already exists") from None
+    return node
+
+
+def running_instance_count(node: Node, now: datetime) -> int:
+    """Instances that occupy the node: what its agent reports, and what the leases app has placed there."""
+    from fleet.placement import snapshot
+
+    state = snapshot(now, [node])[0]
+    ids = {c.id for c in (*state.running, *state.pending)}
+    ids.update(str(i.get("id") if isinstance(i, dict) else i) for i in node.reported_instances or ())
+    return len(ids)
+
+
+def do_delete_node(actor, node_id: int, *, now: datetime) -> None:
+    with transaction.atomic():
+        node = get_node(node_id, lock=True)
+        running = running_instance_count(node, now)
+        if running:
+            raise DomainError(f"node {node.name} still runs {running} instance(s); drain it first")
+        audit.record(at=now, actor=actor, action="node.delete", target=node)
+        node.delete()
+        events.send_on_commit("node-changed", node=node_id)
+
+
+def do_heartbeat(node: Node, report: HealthReport, *, now: datetime) -> Node:
+    """Stores the latest health on the node row and one history sample; brings an offline or dead node back.
+
+    It never takes a node out of draining: a drain is an operator's decision, and a heartbeat only says the machine
+    is reachable. A node that returns from offline/dead comes back as draining when it was drained before.
+    """
+    instances = list(report.instances)
+    fields = {
+        "last_heartbeat_at": now,
+        "obs_mem_total_mib": report.mem_total_mib,
+        "obs_mem_used_mib": report.mem_used_mib,
+        "obs_disk_free_gib": report.disk_free_gib,
+        "obs_cpu_pct": report.cpu_pct,
+        "obs_load1": report.load1,
+        "reported_instances": instances,
+    }
+    # Seed 001: an idle node is the only time its own footprint is measured rather than inferred, so remember it.
+    if not instances and not _has_commitments(node, now):
+        fields["idle_baseline_mib"] = report.mem_used_mib
+    with transaction.atomic():
+        Node.objects.filter(pk=node.pk).update(**fields)
+        HealthSample.objects.create(
+            node_id=node.pk,
+            at=now,
+            mem_total_mib=report.mem_total_mib,
+            mem_used_mib=report.mem_used_mib,
+            disk_free_gib=report.disk_free_gib,
+            cpu_pct=report.cpu_pct,
+            load1=report.load1,
+        )
+        if node.status in (NodeStatus.OFFLINE, NodeStatus.DEAD):
+            _bring_back(node, now)
+        for field, value in fields.items():
+            setattr(node, field, value)
+        events.send_on_commit("node-changed", node=node.pk)
+    return node
+
+
+def _has_commitments(node: Node, now: datetime) -> bool:
+    from fleet.placement import _claim_providers
+
+    for provider in _claim_providers:
+        run, pend = provider(now, [node.pk]).get(node.pk, ((), ()))
+        if run or pend:
+            return True
+    return False
+
+
+def _bring_back(node: Node, now: datetime) -> None:
+    returning_to = NodeStatus.DRAINING if node.drain_reason else NodeStatus.ONLINE
+    claimed = Node.objects.filter(pk=node.pk, status=node.status).update(
+        status=returning_to, status_changed_at=now, status_reason="heartbeat received"
+    )
+    if claimed:
+        audit.record(
+            at=now,
+            actor=None,
+            action="node.back",
+            target=node,
+            reason=f"heartbeat received; was {node.status}",
+            details={"from": node.status, "to": returning_to},
+        )
+        log.info("node back", extra={"node": node.name, "from": node.status, "to": returning_to})
+        node.status = returning_to
+
+
+def do_drain(actor, node_id: int, *, reason: str, now: datetime) -> Node:
+    reason = (reason or "").strip()
+    if not reason:
+        raise DomainError("a drain needs a reason")
+    with transaction.atomic():
+        node = get_node(node_id, lock=True)
+        if node.status == NodeStatus.DEAD:
+            raise DomainError(f"node {node.name} is dead; there is nothing to drain")
+        if node.status == NodeStatus.DRAINING:
+            raise DomainError(f"node {node.name} is already draining ({node.drain_reason})")
+        previous = node.status
+        node.status = NodeStatus.DRAINING
+        node.status_changed_at = now
+        node.status_reason = reason
+        node.drain_reason = reason
+        node.drained_by = actor if getattr(actor, "pk", None) else None
+        node.drained_at = now
+        node.version += 1
+        node.save(
+            update_fields=[
+                "status",
+                "status_changed_at",
+                "status_reason",
+                "drain_reason",
+                "drained_by",
+                "drained_at",
+                "version",
+            ]
+        )
+        audit.record(
+            at=now, actor=actor, action="node.drain", target=node, reason=reason, details={"from": previous}
+        )
+        events.send_on_commit("node-changed", node=node.pk)
+    return node
+
+
+def do_undrain(actor, node_id: int, *, reason: str = "", now: datetime) -> Node:
+    with transaction.atomic():
+        node = get_node(node_id, lock=True)
+        if node.status != NodeStatus.DRAINING and not node.drain_reason:
+            raise DomainError(f"node {node.name} is not draining")
+        fresh = node.last_heartbeat_at and (now - node.last_heartbeat_at).total_seconds() < _offline_after()
+        if node.status == NodeStatus.DRAINING:
+            node.status = NodeStatus.ONLINE if fresh else NodeStatus.OFFLINE
+            node.status_changed_at = now
+            node.status_reason = f"undrained: {reason}" if reason else "undrained"
+        was = node.drain_reason
+        node.drain_reason = ""
+        node.drained_by = None
+        node.drained_at = None
+        node.version += 1
+        node.save(
+            update_fields=[
+                "status",
+                "status_changed_at",
+                "status_reason",
+                "drain_reason",
+                "drained_by",
+                "drained_at",
+                "version",
+            ]
+        )
+        audit.record(
+            at=now,
+            actor=actor,
+            action="node.undrain",
+            target=node,
+            reason=reason,
+            details={"drain_reason": was},
+        )
+        events.send_on_commit("node-changed", node=node.pk)
+    return node
+
+
+def do_declare_dead(actor, node_id: int, *, reason: str, now: datetime) -> Node:
+    reason = (reason or "").strip()
+    if not reason:
+        raise DomainError("declaring a node dead needs a reason")
+    with transaction.atomic():
+        node = get_node(node_id, lock=True)
+        if node.status == NodeStatus.DEAD:
+            raise DomainError(f"node {node.name} is already dead")
+        _mark_dead(node, now, reason=reason, actor=actor, action="node.declare_dead")
+    return node
+
+
+def _mark_dead(node: Node, now: datetime, *, reason: str, actor, action: str) -> None:
+    previous = node.status
+    node.status = NodeStatus.DEAD
+    node.status_changed_at = now
+    node.status_reason = reason
+    node.version += 1
+    node.save(update_fields=["status", "status_changed_at", "status_reason", "version"])
+    audit.record(at=now, actor=actor, action=action, target=node, reason=reason, details={"from": previous})
+    nodes_died.send(sender=Node, node_ids=[node.pk], now=now, reason=reason)
+    events.send_on_commit("node-changed", node=node.pk)
+
+
+def _offline_after() -> float:
+    return settings.SLOTKEEPER["OFFLINE_AFTER_S"]
+
+
+def _dead_after() -> float:
+    return settings.SLOTKEEPER["OFFLINE_AFTER_S"] + settings.SLOTKEEPER["DEAD_AFTER_S"]
+
+
+@dataclass
+class SweepResult:
+    offline: list[str]
+    dead: list[str]
+    trimmed_samples: int
+
+
+def sweep(now: datetime) -> SweepResult:
+    """Marks silent nodes offline (20 s) and then dead (after the grace); trims the health history.
+
+    Claims one node at a time with a conditional update, so two sweeps (two beats, or beat and an operator) never
+    both act on the same node, and a heartbeat that lands between the read and the update wins.
+    """
+    result = SweepResult(offline=[], dead=[], trimmed_samples=0)
+    offline_cutoff = now - timedelta(seconds=_offline_after())
+    dead_cutoff = now - timedelta(seconds=_dead_after())
+    silent = Q(last_heartbeat_at__lt=offline_cutoff) | Q(
+        last_heartbeat_at=None, status_changed_at__lt=offline_cutoff
+    )
+    for node in Node.objects.filter(silent, status=NodeStatus.ONLINE).only("id", "name", "status"):
+        with transaction.atomic():
+            claimed = (
+                Node.objects.filter(pk=node.pk, status=NodeStatus.ONLINE)
+                .filter(silent)
+                .update(
+                    status=NodeStatus.OFFLINE, status_changed_at=now, status_reason="no heartbeat for 20 s"
+                )
+            )
+            if claimed:
+                audit.record(at=now, actor=None, action="node.offline", target=node, reason="no heartbeat")
+                events.send_on_commit("node-changed", node=node.pk)
+                result.offline.append(node.name)
+    gone = Q(last_heartbeat_at__lt=dead_cutoff) | Q(last_heartbeat_at=None, status_changed_at__lt=dead_cutoff)
+    candidates = (
+        Node.objects.filter(gone)
+        .exclude(status=NodeStatus.DEAD)
+        .exclude(last_heartbeat_at=None, status=NodeStatus.OFFLINE)
+    )
+    for node in candidates.only("id", "name", "status"):
+        with transaction.atomic():
+            locked = Node.objects.select_for_update().filter(pk=node.pk).filter(gone).first()
+            if locked is None or locked.status == NodeStatus.DEAD:
+                continue
+            silent_for = (
+                int((now - locked.last_heartbeat_at).total_seconds()) if locked.last_heartbeat_at else None
+            )
+            _mark_dead(
+                locked,
+                now,
+                reason=f"no heartbeat for {silent_for} s" if silent_for is not None else "never reported",
+                actor=None,
+                action="node.dead",
+            )
+            result.dead.append(node.name)
+    result.trimmed_samples = trim_health_history(now)
+    if result.offline or result.dead:
+        log.info("sweep", extra={"offline": result.offline, "dead": result.dead})
+    return result
+
+
+def trim_health_history(now: datetime) -> int:
+    """Keeps the last hour (HEALTH_HISTORY_S) of samples: one DELETE, whatever the fleet's size."""
+    cutoff = now - timedelta(seconds=settings.SLOTKEEPER["HEALTH_HISTORY_S"])
+    return HealthSample.objects.filter(at__lt=cutoff).delete()[0]

@@ -1,0 +1,163 @@
+"""Django admin for the fleet. Every change goes through fleet/actions.py, exactly as the API's do: the admin's
+own save is replaced, and drain / undrain ask for a reason on an intermediate page."""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import admin, messages
+from django.shortcuts import render
+from django.utils import timezone
+
+from fleet import actions
+from fleet.models import HealthSample, Node, PlacementReport
+from slotkeeper.domain import DomainError
+
+
+class ReasonForm(forms.Form):
+    reason = forms.CharField(
+        max_length=300, required=True, help_text="Shown on the fleet board and in the audit feed."
+    )
+
+
+class NodeCreateForm(forms.ModelForm):
+    class Meta:
+        model = Node
+        fields = ["name", "cpu_cores", "mem_total_mib", "disk_total_gib", "capabilities"]
+
+
+def _with_reason(modeladmin, request, queryset, *, title: str, apply, optional: bool = False):
+    form = ReasonForm(request.POST if "apply" in request.POST else None)
+    if optional:
+        form.fields["reason"].required = False
+    if "apply" in request.POST and form.is_valid():
+        done, failed = 0, []
+        for node in queryset:
+            try:
+                apply(request.user, node.pk, reason=form.cleaned_data["reason"], now=timezone.now())
+                done += 1
+            except DomainError as exc:
+                failed.append(str(exc))
+        if done:
+            modeladmin.message_user(request, f"{title}: {done} node(s).", messages.SUCCESS)
+        for message in failed:
+            modeladmin.message_user(request, message, messages.ERROR)
+        return None
+    return render(
+        request,
+        "admin/fleet/reason.html",
+        {
+            "title": title,
+            "nodes": queryset,
+            "form": form,
+            "action": request.POST.get("action"),
+            "opts": modeladmin.model._meta,
+        },
+    )
+
+
+@admin.action(description="Drain selected nodes (asks for a reason)", permissions=["change"])
+def drain_nodes(modeladmin, request, queryset):
+    return _with_reason(modeladmin, request, queryset, title="Drain", apply=actions.do_drain)
+
+
+@admin.action(description="Undrain selected nodes", permissions=["change"])
+def undrain_nodes(modeladmin, request, queryset):
+    return _with_reason(
+        modeladmin, request, queryset, title="Undrain", apply=actions.do_undrain, optional=True
+    )
+
+
+@admin.register(Node)
+class NodeAdmin(admin.ModelAdmin):
+    list_display = [
+        "name",
+        "status",
+        "drain_reason",
+        "cpu_cores",
+        "mem_total_mib",
+        "disk_total_gib",
+        "last_heartbeat_at",
+    ]
+    list_filter = ["status"]
+    search_fields = ["name"]
+    actions = [drain_nodes, undrain_nodes]
+    readonly_fields = [
+        "status",
+        "status_reason",
+        "status_changed_at",
+        "drain_reason",
+        "drained_by",
+        "drained_at",
+        "last_heartbeat_at",
+        "obs_mem_total_mib",
+        "obs_mem_used_mib",
+        "obs_disk_free_gib",
+        "obs_cpu_pct",
+        "obs_load1",
+        "reported_instances",
+        "idle_baseline_mib",
+        "version",
+    ]
+    exclude = ["token_digest"]
+
+    def get_form(self, request, obj=None, **kwargs):
+        if obj is None:
+            kwargs["form"] = NodeCreateForm
+            kwargs["fields"] = NodeCreateForm.Meta.fields
+        return super().get_form(request, obj, **kwargs)
+
+    def get_readonly_fields(self, request, obj=None):
+        return [] if obj is None else self.readonly_fields
+
+    def save_model(self, request, obj, form, change):
+        now = timezone.now()
+        if change:
+            fields = {f: form.cleaned_data[f] for f in form.changed_data if f in actions.EDITABLE}
+            updated = actions.do_update_node(request.user, obj.pk, fields, now=now)
+            obj.version = updated.version
+            return
+        node, token = actions.do_register_node(
+            request.user,
+            name=form.cleaned_data["name"],
+            cpu_cores=form.cleaned_data["cpu_cores"],
+            mem_total_mib=form.cleaned_data["mem_total_mib"],
+            disk_total_gib=form.cleaned_data["disk_total_gib"],
+            capabilities=form.cleaned_data.get("capabilities") or [],
+            now=now,
+        )
+        obj.pk = node.pk
+        self.message_user(
+            request, f"Node token for {node.name} (shown once, copy it now): {token}", messages.WARNING
+        )
+
+    def delete_model(self, request, obj):
+        actions.do_delete_node(request.user, obj.pk, now=timezone.now())
+
+    def delete_queryset(self, request, queryset):
+        for node in queryset:
+            actions.do_delete_node(request.user, node.pk, now=timezone.now())
+
+
+@admin.register(PlacementReport)
+class PlacementReportAdmin(admin.ModelAdmin):
+    list_display = ["id", "created_at", "subject", "outcome", "message"]
+    list_filter = ["outcome"]
+    search_fields = ["subject"]
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_add_permission(self, request):
+        return False
+
+
+@admin.register(HealthSample)
+class HealthSampleAdmin(admin.ModelAdmin):
+    list_display = ["node", "at", "mem_used_mib", "cpu_pct"]
+    list_filter = ["node"]
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_add_permission(self, request):
+        return False

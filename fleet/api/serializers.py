@@ -1,0 +1,190 @@
+"""Request and response shapes of the fleet API. Validation only: the writes happen in fleet/actions.py."""
+
+from __future__ import annotations
+
+from django.utils import timezone
+from rest_framework import serializers
+
+from fleet.models import Node, PlacementReport
+from slotkeeper.fields import CapabilityField, StrictFloatField, StrictIntegerField
+
+
+class NodeSerializer(serializers.ModelSerializer):
+    drained_by = serializers.SerializerMethodField()
+    health_age_s = serializers.SerializerMethodField()
+    observed = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Node
+        fields = [
+            "id",
+            "name",
+            "cpu_cores",
+            "mem_total_mib",
+            "disk_total_gib",
+            "capabilities",
+            "status",
+            "status_reason",
+            "status_changed_at",
+            "drain_reason",
+            "drained_by",
+            "drained_at",
+            "last_heartbeat_at",
+            "health_age_s",
+            "observed",
+            "idle_baseline_mib",
+            "version",
+        ]
+        read_only_fields = fields
+
+    def get_drained_by(self, node: Node) -> str | None:
+        return node.drained_by.get_username() if node.drained_by_id else None
+
+    def get_health_age_s(self, node: Node) -> float | None:
+        if node.last_heartbeat_at is None:
+            return None
+        return round((timezone.now() - node.last_heartbeat_at).total_seconds(), 1)
+
+    def get_observed(self, node: Node) -> dict:
+        return {
+            "mem_total_mib": node.obs_mem_total_mib,
+            "mem_used_mib": node.obs_mem_used_mib,
+            "disk_free_gib": node.obs_disk_free_gib,
+            "cpu_pct": node.obs_cpu_pct,
+            "load1": node.obs_load1,
+            "instances": node.reported_instances,
+        }
+
+
+class NodeWriteSerializer(serializers.Serializer):
+    name = serializers.RegexField(
+        r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$",
+        error_messages={"invalid": "Letters, digits, '.', '_' and '-' only; at most 100 characters."},
+    )
+    cpu_cores = StrictIntegerField(min_value=1, max_value=4096)
+    mem_total_mib = StrictIntegerField(min_value=1, max_value=64 * 1024 * 1024)
+    disk_total_gib = StrictIntegerField(min_value=0, max_value=1024 * 1024)
+    capabilities = serializers.ListField(
+        child=CapabilityField(), required=False, default=list, max_length=200
+    )
+
+
+class NodeCreatedSerializer(NodeSerializer):
+    token = serializers.CharField(help_text="The node agent's token. Shown once; only its digest is stored.")
+
+    class Meta(NodeSerializer.Meta):
+        fields = [*NodeSerializer.Meta.fields, "token"]
+        read_only_fields = fields
+
+
+class InstanceReportSerializer(serializers.Serializer):
+    id = serializers.CharField(max_length=100)
+    status = serializers.ChoiceField(
+        choices=["starting", "running", "exited", "failed", "stopped", "unhealthy"],
+        required=False,
+        default="running",
+    )
+    exit_code = StrictIntegerField(required=False, allow_null=True, default=None)
+    log_tail = serializers.ListField(
+        child=serializers.CharField(allow_blank=True), required=False, default=list
+    )
+    detail = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
+
+
+class InstanceEntryField(serializers.Field):
+    """An instance in a heartbeat: either its id alone, or an object with its status."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, str) and data:
+            return {"id": data, "status": "running", "exit_code": None, "log_tail": [], "detail": ""}
+        if isinstance(data, dict):
+            ser = InstanceReportSerializer(data=data)
+            ser.is_valid(raise_exception=True)
+            out = dict(ser.validated_data)
+            out["log_tail"] = out["log_tail"][-50:]
+            return out
+        raise serializers.ValidationError("An instance is an id string or an object with 'id' and 'status'.")
+
+    def to_representation(self, value):
+        return value
+
+
+class HeartbeatSerializer(serializers.Serializer):
+    mem_total_mib = StrictIntegerField(min_value=1)
+    mem_used_mib = StrictIntegerField(min_value=0)
+    disk_free_gib = StrictFloatField(min_value=0)
+    cpu_pct = StrictFloatField(min_value=0, max_value=100)
+    load1 = StrictFloatField(min_value=0)
+    instances = serializers.ListField(
+        child=InstanceEntryField(), required=False, default=list, max_length=10_000
+    )
+
+    def validate(self, attrs):
+        if attrs["mem_used_mib"] > attrs["mem_total_mib"]:
+            raise serializers.ValidationError(
+                {
+                    "mem_used_mib": f"Used memory ({attrs['mem_used_mib']} MiB) exceeds the total ({attrs['mem_total_mib']} MiB)."
+                }
+            )
+        return attrs
+
+
+class HeartbeatAckSerializer(serializers.Serializer):
+    status = serializers.CharField()
+    server_time = serializers.DateTimeField()
+
+
+class ReasonSerializer(serializers.Serializer):
+    reason = serializers.CharField(max_length=300, trim_whitespace=True)
+
+
+class OptionalReasonSerializer(serializers.Serializer):
+    reason = serializers.CharField(max_length=300, required=False, allow_blank=True, default="")
+
+
+class PreviewSerializer(serializers.Serializer):
+    mem_mib = StrictIntegerField(min_value=1)
+    disk_gib = StrictIntegerField(min_value=0, required=False, default=0)
+    cpu_cores = StrictFloatField(min_value=0, required=False, default=0)
+    capabilities = serializers.ListField(child=CapabilityField(), required=False, default=list, max_length=50)
+    count = StrictIntegerField(min_value=1, max_value=1000, required=False, default=1)
+    preferred_node = serializers.CharField(required=False, allow_null=True, allow_blank=True, default=None)
+
+
+class VerdictSerializer(serializers.Serializer):
+    node = serializers.CharField()
+    fit = serializers.BooleanField()
+    reason_code = serializers.CharField(allow_null=True)
+    reason = serializers.CharField(allow_null=True)
+    slots = serializers.IntegerField(allow_null=True)
+    headroom = serializers.FloatField(allow_null=True)
+    numbers = serializers.DictField(required=False)
+
+
+class PlacementResultSerializer(serializers.Serializer):
+    outcome = serializers.ChoiceField(
+        choices=["placed", "no_capable_node", "fleet_at_capacity", "fleet_unreadable"]
+    )
+    nodes = serializers.ListField(child=serializers.CharField())
+    message = serializers.CharField()
+    preferred_note = serializers.CharField(allow_null=True, required=False)
+    report = serializers.IntegerField(help_text="Id of the stored placement report.")
+    verdicts = VerdictSerializer(many=True)
+
+
+class PlacementReportSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = PlacementReport
+        fields = [
+            "id",
+            "created_at",
+            "subject",
+            "request",
+            "outcome",
+            "message",
+            "chosen",
+            "preferred_note",
+            "verdicts",
+            "requested_by",
+        ]
+        read_only_fields = fields

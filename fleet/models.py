@@ -1,0 +1,112 @@
+"""Nodes, their health history, and the placer's stored verdicts."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+
+class NodeStatus(models.TextChoices):
+    ONLINE = "online", "online"
+    DRAINING = "draining", "draining"
+    OFFLINE = "offline", "offline"
+    DEAD = "dead", "dead"
+
+    @property
+    def badge(self) -> str:
+        return {"online": "green", "draining": "amber", "offline": "grey", "dead": "red"}[self.value]
+
+
+class Node(models.Model):
+    name = models.CharField(max_length=100, unique=True)
+    cpu_cores = models.PositiveIntegerField()
+    mem_total_mib = models.PositiveIntegerField()
+    disk_total_gib = models.PositiveIntegerField()
+    capabilities = models.JSONField(default=list, blank=True)
+
+    status = models.CharField(
+        max_length=16, choices=NodeStatus.choices, default=NodeStatus.OFFLINE, db_index=True
+    )
+    status_changed_at = models.DateTimeField(null=True, blank=True)
+    status_reason = models.CharField(max_length=300, blank=True)
+    drain_reason = models.CharField(max_length=300, blank=True)
+    drained_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    drained_at = models.DateTimeField(null=True, blank=True)
+
+    # The latest heartbeat, kept on the row so the placer reads the whole fleet in one query.
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    obs_mem_total_mib = models.PositiveIntegerField(null=True, blank=True)
+    obs_mem_used_mib = models.PositiveIntegerField(null=True, blank=True)
+    obs_disk_free_gib = models.FloatField(null=True, blank=True)
+    obs_cpu_pct = models.FloatField(null=True, blank=True)
+    obs_load1 = models.FloatField(null=True, blank=True)
+    reported_instances = models.JSONField(default=list, blank=True)
+    # Seed 001: the host's own use, remembered from a reading taken while it ran nothing.
+    idle_baseline_mib = models.PositiveIntegerField(null=True, blank=True)
+
+    token_digest = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    version = models.PositiveIntegerField(default=1)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(condition=Q(cpu_cores__gte=1), name="node_cpu_cores_positive"),
+            models.CheckConstraint(condition=Q(mem_total_mib__gte=1), name="node_mem_positive"),
+            models.CheckConstraint(
+                condition=~Q(status="draining") | ~Q(drain_reason=""), name="node_draining_has_reason"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def status_badge(self) -> str:
+        return NodeStatus(self.status).badge
+
+
+class HealthSample(models.Model):
+    """Bounded history of heartbeats for the charts (trimmed by the sweep)."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="health")
+    at = models.DateTimeField()
+    mem_total_mib = models.PositiveIntegerField()
+    mem_used_mib = models.PositiveIntegerField()
+    disk_free_gib = models.FloatField()
+    cpu_pct = models.FloatField()
+    load1 = models.FloatField()
+
+    class Meta:
+        ordering = ["-at"]
+        indexes = [models.Index(fields=["node", "-at"], name="health_node_at_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.node_id} at {self.at:%H:%M:%S}"
+
+
+class PlacementReport(models.Model):
+    """One placement decision and a verdict for every node, so "why not node X?" can be answered later."""
+
+    created_at = models.DateTimeField(db_index=True)
+    subject = models.CharField(max_length=64, db_index=True)  # "preview", "lease:7", "reschedule:3"
+    request = models.JSONField()
+    outcome = models.CharField(max_length=32)
+    message = models.TextField()
+    chosen = models.JSONField(default=list)
+    preferred_note = models.TextField(blank=True)
+    # [{"node", "node_id", "fit", "reason_code", "reason", "slots", "headroom", "numbers"}], in rank order.
+    verdicts = models.JSONField(default=list)
+    requested_by = models.CharField(max_length=150, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"placement {self.pk} ({self.subject}: {self.outcome})"
+
+    def verdict_for(self, node_name: str) -> dict | None:
+        return next((v for v in self.verdicts if v["node"] == node_name), None)

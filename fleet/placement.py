@@ -1,0 +1,134 @@
+"""Reads the fleet into plain values, asks the placer (fleet/capacity.py), and keeps its verdicts.
+
+This module owns the boundary: ORM rows in, `NodeState` snapshots out, and `PlacementReport` rows back in. Every
+decision rule lives in capacity.py, so the live service, the preview API and the benchmarks decide alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict
+from datetime import datetime
+
+from django.conf import settings
+
+from fleet import capacity
+from fleet.models import Node, PlacementReport
+
+# Other apps contribute commitments (instances placed or running, reservations in force) per node id. The leases
+# app registers its provider at start-up; keeping the hook here keeps fleet free of imports from leases.
+ClaimProvider = Callable[[datetime, Sequence[int]], Mapping[int, tuple[tuple, tuple]]]
+_claim_providers: list[ClaimProvider] = []
+
+
+def register_claim_provider(provider: ClaimProvider) -> None:
+    if provider not in _claim_providers:
+        _claim_providers.append(provider)
+
+
+NODE_FIELDS = (
+    "id",
+    "name",
+    "status",
+    "capabilities",
+    "cpu_cores",
+    "mem_total_mib",
+    "disk_total_gib",
+    "last_heartbeat_at",
+    "obs_mem_total_mib",
+    "obs_mem_used_mib",
+    "obs_disk_free_gib",
+    "obs_cpu_pct",
+    "idle_baseline_mib",
+)
+
+
+def snapshot(now: datetime, nodes: Sequence[Node] | None = None) -> list[capacity.NodeState]:
+    """The whole fleet (or the given rows) as plain values, with commitments from every claim provider."""
+    rows = list(nodes) if nodes is not None else list(Node.objects.only(*NODE_FIELDS).order_by("id"))
+    ids = [n.pk for n in rows]
+    running: dict[int, list[capacity.Claim]] = {}
+    pending: dict[int, list[capacity.Claim]] = {}
+    for provider in _claim_providers:
+        for node_id, (run, pend) in provider(now, ids).items():
+            running.setdefault(node_id, []).extend(run)
+            pending.setdefault(node_id, []).extend(pend)
+    return [to_state(n, now, tuple(running.get(n.pk, ())), tuple(pending.get(n.pk, ()))) for n in rows]
+
+
+def to_state(node: Node, now: datetime, running=(), pending=()) -> capacity.NodeState:
+    age = (now - node.last_heartbeat_at).total_seconds() if node.last_heartbeat_at else None
+    return capacity.NodeState(
+        id=node.pk,
+        name=node.name,
+        status=node.status,
+        capabilities=frozenset(node.capabilities or ()),
+        cpu_cores=node.cpu_cores,
+        mem_total_mib=node.mem_total_mib,
+        disk_total_gib=node.disk_total_gib,
+        health_age_s=max(age, 0.0) if age is not None else None,
+        observed_mem_total_mib=node.obs_mem_total_mib,
+        observed_mem_used_mib=node.obs_mem_used_mib,
+        disk_free_gib=node.obs_disk_free_gib,
+        cpu_pct=node.obs_cpu_pct,
+        idle_baseline_mib=node.idle_baseline_mib,
+        running=tuple(running),
+        pending=tuple(pending),
+    )
+
+
+def place(
+    now: datetime,
+    need: capacity.Need,
+    *,
+    checks: Sequence[capacity.Check] = (),
+    penalties: Mapping[str, int] | None = None,
+    states: Sequence[capacity.NodeState] | None = None,
+) -> capacity.Placement:
+    fleet = states if states is not None else snapshot(now)
+    return capacity.place(
+        fleet,
+        need,
+        health_max_age_s=settings.SLOTKEEPER["HEALTH_MAX_AGE_S"],
+        checks=checks,
+        penalties=penalties,
+    )
+
+
+def verdict_rows(placement: capacity.Placement, ids_by_name: Mapping[str, int] | None = None) -> list[dict]:
+    rows = []
+    for v in placement.verdicts:
+        row = asdict(v)
+        row["numbers"] = dict(v.numbers)
+        if ids_by_name is not None:
+            row["node_id"] = ids_by_name.get(v.node)
+        rows.append(row)
+    return rows
+
+
+def record(
+    now: datetime,
+    subject: str,
+    need: capacity.Need,
+    placement: capacity.Placement,
+    *,
+    requested_by: str = "",
+    ids_by_name: Mapping[str, int] | None = None,
+) -> PlacementReport:
+    return PlacementReport.objects.create(
+        created_at=now,
+        subject=subject,
+        request=need_as_json(need),
+        outcome=str(placement.outcome),
+        message=placement.message,
+        chosen=list(placement.nodes),
+        preferred_note=placement.preferred_note or "",
+        verdicts=verdict_rows(placement, ids_by_name),
+        requested_by=requested_by,
+    )
+
+
+def need_as_json(need: capacity.Need) -> dict:
+    data = asdict(need)
+    data["capabilities"] = sorted(need.capabilities)
+    return data

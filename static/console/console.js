@@ -1,0 +1,113 @@
+// Live console: one websocket per page carrying small "something changed" events. Each live region re-fetches
+// its own fragment (hx-trigger="<event> from:body"). On (re)connect the page first subscribes, then re-fetches
+// everything ("resync"), so nothing that changed while disconnected is missed. When the socket is down, a 5 s
+// polling fallback triggers the same resync; it stops once the socket is back.
+(function () {
+  "use strict";
+  let socket = null;
+  let paused = false;
+  let missed = false;
+  let retry = 0;
+  let pollTimer = null;
+  let lastUpdate = null;
+  const $ = (id) => document.getElementById(id);
+
+  function setState(text, cls) {
+    const el = $("live-state");
+    if (el) { el.textContent = text; el.className = cls || "muted"; }
+  }
+
+  function fire(name, detail) {
+    if (paused) { missed = true; return; }
+    document.body.dispatchEvent(new CustomEvent(name, { detail: detail || {} }));
+  }
+
+  function resync() { fire("resync"); }
+
+  function startPolling() {
+    if (!pollTimer) pollTimer = setInterval(resync, 5000);
+  }
+
+  function stopPolling() {
+    if (pollTimer) { clearInterval(pollTimer); pollTimer = null; }
+  }
+
+  function connect() {
+    if (!document.querySelector("[data-live]")) return;
+    const scheme = location.protocol === "https:" ? "wss" : "ws";
+    socket = new WebSocket(scheme + "://" + location.host + "/ws/console/");
+    socket.onopen = function () {
+      retry = 0;
+      stopPolling();
+      setState("live", "ok");
+      resync();
+    };
+    socket.onmessage = function (msg) {
+      let data;
+      try { data = JSON.parse(msg.data); } catch (e) { return; }
+      const events = data.event === "batch" ? data.events : [data];
+      const seen = new Set();
+      for (const ev of events) {
+        if (!ev.event || ev.event === "hello" || seen.has(ev.event)) continue;
+        seen.add(ev.event);
+        fire(ev.event, ev);
+      }
+    };
+    socket.onclose = function (ev) {
+      if (ev.code === 4401) { setState("signed out", "warn"); return; }
+      setState("reconnecting… (polling)", "warn");
+      startPolling();
+      retry = Math.min(retry + 1, 6);
+      setTimeout(connect, Math.round(500 * Math.pow(2, retry) * (0.5 + Math.random() / 2)));
+    };
+  }
+
+  function togglePause() {
+    paused = !paused;
+    const btn = $("live-toggle");
+    if (btn) btn.textContent = paused ? "Resume" : "Pause";
+    if (paused) { setState("paused", "warn"); return; }
+    setState(socket && socket.readyState === 1 ? "live" : "reconnecting…", socket && socket.readyState === 1 ? "ok" : "warn");
+    if (missed) { missed = false; resync(); }
+  }
+
+  function tickAge() {
+    const el = $("live-age");
+    if (!el) return;
+    el.textContent = lastUpdate ? Math.round((Date.now() - lastUpdate) / 1000) + " s ago" : "–";
+  }
+
+  function showTimes(utc) {
+    document.querySelectorAll("time[datetime]").forEach(function (t) {
+      const d = new Date(t.getAttribute("datetime"));
+      if (isNaN(d)) return;
+      if (!t.dataset.utc) t.dataset.utc = t.textContent;
+      t.textContent = utc ? t.dataset.utc : d.toLocaleString();
+    });
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    lastUpdate = Date.now();
+    let utc = localStorage.getItem("slotkeeper.tz") !== "local";
+    const tz = $("tz-toggle");
+    if (tz) {
+      tz.textContent = utc ? "UTC" : "Local";
+      tz.addEventListener("click", function () {
+        utc = !utc; localStorage.setItem("slotkeeper.tz", utc ? "utc" : "local");
+        tz.textContent = utc ? "UTC" : "Local"; showTimes(utc);
+      });
+    }
+    showTimes(utc);
+    document.body.addEventListener("htmx:afterSwap", function () { lastUpdate = Date.now(); showTimes(utc); });
+    const btn = $("live-toggle");
+    if (btn) btn.addEventListener("click", togglePause);
+    document.addEventListener("keydown", function (e) {
+      if (e.target.matches("input, textarea, select")) return;
+      if (e.key === "/") { const s = document.querySelector("[data-search]"); if (s) { e.preventDefault(); s.focus(); } }
+      else if (e.key === "?") { const d = $("shortcuts"); if (d) d.showModal(); }
+      else if (e.key === "p") { togglePause(); }
+    });
+    setInterval(tickAge, 1000);
+    connect();
+  });
+})();
