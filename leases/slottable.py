@@ -1,0 +1,530 @@
+"""The slot table: every reservation of node capacity over time, and the questions asked of it.
+
+This module owns resource tuples (`Res`), reservations (`Reservation`, half-open `[start, end)`), and
+`SlotTable`, which answers "how much is used / free on this node at t", "does this need fit on [a, b)",
+"until when does it fit", "what is the earliest start for it", "who is in the way", the ongoing-availability
+envelope and the changepoints the scheduler tries as start times (Haizea semantics, SEMANTICS.md §2).
+
+Design (docs/slottable.md): each node keeps a step function of its usage — sorted breakpoints, the usage level
+on each segment and a count of reservation endpoints per breakpoint — so point lookups are a bisection and
+interval questions walk only the segments they cover. Haizea instead keeps two global lists and rebuilds an
+availability window over every node for each query. Copies share node step functions until one side writes.
+
+PURE: no Django; times are plain floats (seconds), injected by the caller.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, bisect_right, insort
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+_Vec = tuple[int, int, int, int, int]
+_ZERO_VEC: _Vec = (0, 0, 0, 0, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Res:
+    """A resource tuple: cpu in percent of one core, mem in MiB, disk in GiB, net_in / net_out in Mbit/s."""
+
+    cpu: int = 0
+    mem: int = 0
+    disk: int = 0
+    net_in: int = 0
+    net_out: int = 0
+
+    ZERO: ClassVar[Res]
+
+    def __add__(self, o: Res) -> Res:
+        return Res(
+            self.cpu + o.cpu,
+            self.mem + o.mem,
+            self.disk + o.disk,
+            self.net_in + o.net_in,
+            self.net_out + o.net_out,
+        )
+
+    def __sub__(self, o: Res) -> Res:
+        return Res(
+            self.cpu - o.cpu,
+            self.mem - o.mem,
+            self.disk - o.disk,
+            self.net_in - o.net_in,
+            self.net_out - o.net_out,
+        )
+
+    def fits_in(self, capacity: Res) -> bool:
+        return (
+            self.cpu <= capacity.cpu
+            and self.mem <= capacity.mem
+            and self.disk <= capacity.disk
+            and self.net_in <= capacity.net_in
+            and self.net_out <= capacity.net_out
+        )
+
+    def scaled(self, k: int) -> Res:
+        return Res(self.cpu * k, self.mem * k, self.disk * k, self.net_in * k, self.net_out * k)
+
+
+Res.ZERO = Res()
+
+
+def _vec(r: Res) -> _Vec:
+    return (r.cpu, r.mem, r.disk, r.net_in, r.net_out)
+
+
+def _res(v: _Vec) -> Res:
+    return Res(*v)
+
+
+def _minus(a: _Vec, b: _Vec) -> _Vec:
+    return (a[0] - b[0], a[1] - b[1], a[2] - b[2], a[3] - b[3], a[4] - b[4])
+
+
+def _lowest(a: _Vec, b: _Vec) -> _Vec:
+    return (min(a[0], b[0]), min(a[1], b[1]), min(a[2], b[2]), min(a[3], b[3]), min(a[4], b[4]))
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """One row of the slot table: a lease's use of some nodes over the half-open interval [start, end)."""
+
+    rid: int
+    lease_id: int
+    kind: str
+    start: float
+    end: float
+    alloc: Mapping[int, Res] = field(hash=False)
+
+    def __post_init__(self) -> None:
+        if not self.end >= self.start:
+            raise ValueError(f"reservation {self.rid} ends ({self.end}) before it starts ({self.start})")
+        # Copy the mapping: a caller mutating its own dict after `add` would otherwise change what `remove`
+        # subtracts, and the node's step function would drift away from its reservations for good.
+        object.__setattr__(self, "alloc", dict(self.alloc))
+
+    def overlaps(self, start: float, end: float) -> bool:
+        """Shares an instant with [start, end); a zero-length window [t, t) asks "is it running at t"."""
+        if start == end:
+            return self.start <= start < self.end
+        if self.start == self.end:
+            return start <= self.start < end
+        return self.start < end and self.end > start
+
+
+class Overcommit(Exception):
+    """Adding a reservation would use more than a node's capacity at some instant."""
+
+    def __init__(self, node: int, instant: float, need: Res, available: Res) -> None:
+        super().__init__(f"node {node} at t={instant}: needs {need}, only {available} available")
+        self.node = node
+        self.instant = instant
+        self.need = need
+        self.available = available
+
+
+def _limit(capacity: _Vec, need: Res) -> tuple[_Vec, tuple[int, ...]] | None:
+    """The highest usage level that still leaves room for `need`, and the dimensions worth checking.
+
+    Only dimensions where the need is positive can block it, because `add` never lets a level exceed capacity;
+    checking two of five components is what keeps the segment walks fast. None when the need exceeds the
+    capacity outright, so callers answer "never" without walking anything.
+    """
+    nv = _vec(need)
+    lim = (
+        capacity[0] - nv[0],
+        capacity[1] - nv[1],
+        capacity[2] - nv[2],
+        capacity[3] - nv[3],
+        capacity[4] - nv[4],
+    )
+    dims = tuple(d for d in range(5) if nv[d] > 0)
+    if any(lim[d] < 0 for d in dims):
+        return None
+    return lim, dims
+
+
+class _Line:
+    """One node's usage as a step function.
+
+    `levels[k]` is the usage on [times[k], times[k+1]); before times[0] and after times[-1] usage is zero.
+    `refs[k]` counts the reservation starts and ends at times[k], so a breakpoint disappears with its last
+    reservation and the segment walks never grow with history that has been removed.
+    """
+
+    __slots__ = ("levels", "refs", "rids", "times")
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.levels: list[_Vec] = []
+        self.refs: list[int] = []
+        self.rids: set[int] = set()
+
+    def clone(self) -> _Line:
+        other = _Line()
+        other.times = self.times.copy()
+        other.levels = self.levels.copy()
+        other.refs = self.refs.copy()
+        other.rids = self.rids.copy()
+        return other
+
+    def level_at(self, t: float) -> _Vec:
+        k = bisect_right(self.times, t) - 1
+        return self.levels[k] if k >= 0 else _ZERO_VEC
+
+    def first_blocked(self, k: int, stop: float, lim: _Vec, dims: tuple[int, ...]) -> int:
+        """The first segment index >= k starting before `stop` whose level leaves no room; -1 if none."""
+        times, levels = self.times, self.levels
+        n = len(times)
+        while k < n and times[k] < stop:
+            level = levels[k]
+            for d in dims:
+                if level[d] > lim[d]:
+                    return k
+            k += 1
+        return -1
+
+    def first_free(self, k: int, lim: _Vec, dims: tuple[int, ...]) -> int:
+        """The first segment index >= k whose level leaves room (the last segment always does: it is zero)."""
+        levels = self.levels
+        while any(levels[k][d] > lim[d] for d in dims):
+            k += 1
+        return k
+
+    def blocked_at_start(self, start: float, stop: float, lim: _Vec, dims: tuple[int, ...]) -> int:
+        """first_blocked over the segments covering [start, stop), including the one holding start."""
+        return self.first_blocked(max(bisect_right(self.times, start) - 1, 0), stop, lim, dims)
+
+    def segments(self, start: float, end: float) -> Iterator[tuple[float, float, _Vec]]:
+        """(from, to, level) for the segments covering [start, end), clipped to it.
+
+        A zero-length interval yields the one segment holding `start`, as (start, start, level).
+        """
+        times, levels = self.times, self.levels
+        k = bisect_right(times, start) - 1
+        t = start
+        while True:
+            nxt = times[k + 1] if k + 1 < len(times) else math.inf
+            yield t, min(nxt, end), levels[k] if k >= 0 else _ZERO_VEC
+            if nxt >= end:
+                return
+            t, k = nxt, k + 1
+
+    def _breakpoint(self, t: float) -> int:
+        """Index of the breakpoint at t, inserting it (continuing the level before it) when absent."""
+        times = self.times
+        k = bisect_left(times, t)
+        if k == len(times) or times[k] != t:
+            times.insert(k, t)
+            self.levels.insert(k, self.levels[k - 1] if k > 0 else _ZERO_VEC)
+            self.refs.insert(k, 0)
+        self.refs[k] += 1
+        return k
+
+    def _release(self, t: float) -> None:
+        k = bisect_left(self.times, t)
+        self.refs[k] -= 1
+        if self.refs[k] == 0:
+            # No reservation starts or ends here any more, so the level continues the previous segment's.
+            del self.times[k], self.levels[k], self.refs[k]
+
+    def _shift(self, start: float, end: float, delta: _Vec, sign: int) -> None:
+        levels = self.levels
+        k, stop = bisect_left(self.times, start), bisect_left(self.times, end)
+        for i in range(k, stop):
+            lv = levels[i]
+            levels[i] = (
+                lv[0] + sign * delta[0],
+                lv[1] + sign * delta[1],
+                lv[2] + sign * delta[2],
+                lv[3] + sign * delta[3],
+                lv[4] + sign * delta[4],
+            )
+
+    def add(self, rid: int, start: float, end: float, use: _Vec) -> None:
+        self._breakpoint(start)
+        self._breakpoint(end)
+        self._shift(start, end, use, 1)
+        self.rids.add(rid)
+
+    def remove(self, rid: int, start: float, end: float, use: _Vec) -> None:
+        self._shift(start, end, use, -1)
+        self._release(start)
+        self._release(end)
+        self.rids.discard(rid)
+
+
+class SlotTable:
+    """Reservations over time on a fixed set of nodes, never overcommitted at any instant."""
+
+    def __init__(self, capacities: Mapping[int, Res]) -> None:
+        self._caps: dict[int, _Vec] = {n: _vec(c) for n, c in capacities.items()}
+        self.nodes: tuple[int, ...] = tuple(sorted(self._caps))
+        self._lines: dict[int, _Line] = {n: _Line() for n in self.nodes}
+        self._owned: set[int] = set(self.nodes)
+        self._by_rid: dict[int, Reservation] = {}
+        self._by_lease: dict[int, set[int]] = {}
+        self._starts: list[tuple[float, int]] = []
+        self._points: list[float] = []
+        self._point_refs: dict[float, int] = {}
+        self._longest = 0.0
+        self._globals_owned = True
+
+    # -- reading -------------------------------------------------------------------------------------------
+
+    def capacity(self, node: int) -> Res:
+        return _res(self._cap(node))
+
+    def get(self, rid: int) -> Reservation:
+        return self._by_rid[rid]
+
+    def __len__(self) -> int:
+        return len(self._by_rid)
+
+    def reservations(
+        self,
+        start: float | None = None,
+        end: float | None = None,
+        node: int | None = None,
+        lease_id: int | None = None,
+    ) -> list[Reservation]:
+        """Reservations overlapping [start, end) (None = unbounded), sorted by start then rid.
+
+        A zero-length window [t, t) returns the reservations running at t (start <= t < end), as Haizea's
+        get_reservations_at does.
+        """
+        lo = -math.inf if start is None else start
+        hi = math.inf if end is None else end
+        if node is not None:
+            pool: Iterable[Reservation] = (self._by_rid[rid] for rid in self._line(node).rids)
+        elif lease_id is not None:
+            pool = (self._by_rid[rid] for rid in self._by_lease.get(lease_id, ()))
+        else:
+            pool = self._starting_between(lo - self._longest, hi)
+        found = [r for r in pool if r.overlaps(lo, hi) and (lease_id is None or r.lease_id == lease_id)]
+        found.sort(key=lambda r: (r.start, r.rid))
+        return found
+
+    def used_at(self, node: int, t: float) -> Res:
+        return _res(self._line(node).level_at(t))
+
+    def available_at(self, node: int, t: float) -> Res:
+        return self.capacity(node) - self.used_at(node, t)
+
+    def fits(self, node: int, need: Res, start: float, end: float) -> bool:
+        """Need fits for all of [start, end); on a zero-length interval, whether it fits at start."""
+        _check_interval(start, end)
+        limit = _limit(self._cap(node), need)
+        if limit is None:
+            return False
+        line = self._line(node)
+        if end == start:
+            level = line.level_at(start)
+            return all(level[d] <= limit[0][d] for d in limit[1])
+        return line.blocked_at_start(start, end, *limit) < 0
+
+    def fits_until(self, node: int, need: Res, start: float) -> float:
+        """The latest t' with need fitting on [start, t'); start if it does not fit then; inf if forever."""
+        limit = _limit(self._cap(node), need)
+        if limit is None:
+            return start
+        line = self._line(node)
+        k = line.blocked_at_start(start, math.inf, *limit)
+        return math.inf if k < 0 else max(line.times[k], start)
+
+    def earliest_fit(self, node: int, need: Res, duration: float, after: float) -> float | None:
+        """The earliest t >= after with need fitting on [t, t + duration); None if it never fits there."""
+        if duration < 0:
+            raise ValueError(f"negative duration {duration}")
+        limit = _limit(self._cap(node), need)
+        if limit is None:
+            return None
+        line = self._line(node)
+        t = after
+        k = max(bisect_right(line.times, t) - 1, 0)
+        while True:
+            if duration == 0:
+                if all(line.level_at(t)[d] <= limit[0][d] for d in limit[1]):
+                    return t
+                blocked = bisect_right(line.times, t) - 1
+            else:
+                blocked = line.first_blocked(k, t + duration, *limit)
+                if blocked < 0:
+                    return t
+            # Restart at the first free segment after the blocker: every start before it would overlap the
+            # blocker, and the final segment is always free (usage falls to zero after the last end).
+            k = line.first_free(blocked + 1, *limit)
+            t = line.times[k]
+            if t == math.inf:
+                return None  # Only a reservation that never ends can push the start out to infinity.
+
+    def blockers(self, node: int, need: Res, start: float, end: float) -> list[Reservation]:
+        """The reservations that keep `need` from fitting on [start, end), for messages such as
+        "reserved 13:30-14:00 by lease 7"; empty when it fits. A need larger than the node blames no one."""
+        _check_interval(start, end)
+        limit = _limit(self._cap(node), need)
+        if limit is None:
+            return []
+        lim, dims = limit
+        line = self._line(node)
+        culprits: dict[int, Reservation] = {}
+        for seg_start, seg_end, level in line.segments(start, end):
+            short = [d for d in dims if level[d] > lim[d]]
+            if not short:
+                continue
+            for r in self.reservations(seg_start, seg_end, node=node):
+                use = _vec(r.alloc[node])
+                if any(use[d] > 0 for d in short):
+                    culprits[r.rid] = r
+        return sorted(culprits.values(), key=lambda r: (r.start, r.rid))
+
+    def envelope(self, node: int, start: float) -> list[tuple[Res, float]]:
+        """Haizea's ongoing availability from `start`: (available, until) pairs, non-increasing per resource.
+
+        An entry starts only when some resource drops below every earlier entry; rises are ignored, so the
+        entry covering t is the minimum availability over [start, t]. The last entry's until is inf.
+        """
+        cap = self._cap(node)
+        line = self._line(node)
+        pairs: list[tuple[Res, float]] = []
+        current: _Vec | None = None
+        for seg_start, _seg_end, level in line.segments(start, math.inf):
+            free = _minus(cap, level)
+            low = free if current is None else _lowest(current, free)
+            if current is not None and low != current:
+                pairs.append((_res(current), seg_start))
+            current = low
+        assert current is not None
+        pairs.append((_res(current), math.inf))
+        return pairs
+
+    def changepoints(
+        self, after: float, until: float | None = None, nodes: Iterable[int] | None = None
+    ) -> list[float]:
+        """Sorted distinct reservation starts and ends strictly after `after` (and <= until)."""
+        hi = math.inf if until is None else until
+        if nodes is None:
+            points = self._points
+            return points[bisect_right(points, after) : bisect_right(points, hi)]
+        found: set[float] = set()
+        for n in nodes:
+            times = self._line(n).times
+            found.update(times[bisect_right(times, after) : bisect_right(times, hi)])
+        return sorted(found)
+
+    # -- writing -------------------------------------------------------------------------------------------
+
+    def add(self, r: Reservation) -> None:
+        """Add a reservation, or raise Overcommit (and change nothing) if any node would exceed capacity."""
+        if r.rid in self._by_rid:
+            raise ValueError(f"reservation {r.rid} is already in the table")
+        for node, use in r.alloc.items():
+            self._check_room(node, use, r.start, r.end)
+        self._own_globals()
+        for node, use in r.alloc.items():
+            self._writable_line(node).add(r.rid, r.start, r.end, _vec(use))
+        self._by_rid[r.rid] = r
+        self._by_lease.setdefault(r.lease_id, set()).add(r.rid)
+        insort(self._starts, (r.start, r.rid))
+        self._longest = max(self._longest, r.end - r.start)
+        for t in (r.start, r.end):
+            refs = self._point_refs.get(t, 0)
+            if refs == 0:
+                insort(self._points, t)
+            self._point_refs[t] = refs + 1
+
+    def remove(self, rid: int) -> Reservation:
+        r = self._by_rid[rid]
+        self._own_globals()
+        for node, use in r.alloc.items():
+            self._writable_line(node).remove(rid, r.start, r.end, _vec(use))
+        del self._by_rid[rid]
+        lease_rids = self._by_lease[r.lease_id]
+        lease_rids.discard(rid)
+        if not lease_rids:
+            del self._by_lease[r.lease_id]
+        del self._starts[bisect_left(self._starts, (r.start, rid))]
+        for t in (r.start, r.end):
+            self._point_refs[t] -= 1
+            if self._point_refs[t] == 0:
+                del self._point_refs[t]
+                del self._points[bisect_left(self._points, t)]
+        return r
+
+    def replace(self, r: Reservation) -> None:
+        """Swap the reservation with r.rid for r; if r is refused the old one stays, so nothing is lost."""
+        old = self.remove(r.rid)
+        try:
+            self.add(r)
+        except Exception:
+            self.add(old)
+            raise
+
+    def copy(self) -> SlotTable:
+        """A snapshot to plan on; node step functions are shared and cloned only when one side writes."""
+        other = SlotTable.__new__(SlotTable)
+        other._caps = self._caps
+        other.nodes = self.nodes
+        other._lines = self._lines.copy()
+        other._by_rid = self._by_rid
+        other._by_lease = self._by_lease
+        other._starts = self._starts
+        other._points = self._points
+        other._point_refs = self._point_refs
+        other._longest = self._longest
+        # Both sides now share everything, so both must clone before their next write.
+        other._owned, self._owned = set(), set()
+        other._globals_owned = self._globals_owned = False
+        return other
+
+    # -- internals -----------------------------------------------------------------------------------------
+
+    def _cap(self, node: int) -> _Vec:
+        try:
+            return self._caps[node]
+        except KeyError:
+            raise KeyError(f"node {node} is not in the slot table") from None
+
+    def _line(self, node: int) -> _Line:
+        self._cap(node)
+        return self._lines[node]
+
+    def _writable_line(self, node: int) -> _Line:
+        if node not in self._owned:
+            self._lines[node] = self._lines[node].clone()
+            self._owned.add(node)
+        return self._lines[node]
+
+    def _own_globals(self) -> None:
+        if self._globals_owned:
+            return
+        self._by_rid = self._by_rid.copy()
+        self._by_lease = {lease: rids.copy() for lease, rids in self._by_lease.items()}
+        self._starts = self._starts.copy()
+        self._points = self._points.copy()
+        self._point_refs = self._point_refs.copy()
+        self._globals_owned = True
+
+    def _starting_between(self, lo: float, hi: float) -> Iterator[Reservation]:
+        """Reservations with lo <= start <= hi: the only ones that can overlap a window [lo + longest, hi)."""
+        starts = self._starts
+        for k in range(bisect_left(starts, (lo,)), bisect_right(starts, (hi, math.inf))):
+            yield self._by_rid[starts[k][1]]
+
+    def _check_room(self, node: int, use: Res, start: float, end: float) -> None:
+        if min(_vec(use)) < 0:
+            raise ValueError(f"negative use {use} on node {node}")
+        if start == end:
+            self._cap(node)
+            return  # A zero-length reservation holds nothing at any instant.
+        if self.fits(node, use, start, end):
+            return
+        instant = max(start, self.fits_until(node, use, start))
+        raise Overcommit(node, instant, use, self.available_at(node, instant))
+
+
+def _check_interval(start: float, end: float) -> None:
+    if end < start:
+        raise ValueError(f"interval ends ({end}) before it starts ({start})")
