@@ -102,6 +102,7 @@ class ProcessHandle:
         self._log = log
         self._kill_at: float | None = None
         self._killed = False
+        self._killed_detail = ""
         self.pid: int | None = process.pid
         self.pid_started_at: float | None = process.create_time()
 
@@ -109,7 +110,7 @@ class ProcessHandle:
         code, ended = self._exit_status()
         if ended:
             status = "stopped" if self._kill_at is not None else "exited"
-            return Observation(status, code, describe_exit(code) + (" after SIGKILL" if self._killed else ""))
+            return Observation(status, code, self._killed_detail if self._killed else describe_exit(code))
         if self._kill_at is not None and now >= self._kill_at and not self._killed:
             self._signal(signal.SIGKILL)
             self._killed = True
@@ -119,6 +120,7 @@ class ProcessHandle:
         if self._kill_at is not None:
             return
         self._kill_at = now + grace_s
+        self._killed_detail = f"killed by SIGKILL: still running {grace_s:g} s after SIGTERM"
         self._signal(signal.SIGTERM)
 
     def log_tail(self, lines: int) -> list[str]:
