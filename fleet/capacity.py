@@ -198,33 +198,43 @@ class Limits(NamedTuple):
 # Arithmetic
 
 
-def committed_claims(node: NodeState) -> tuple[Claim, ...]:
-    """Running and pending unioned by id: an instance placed and since started is one claim, not two.
+def split_claims(node: NodeState) -> tuple[tuple[Claim, ...], tuple[Claim, ...]]:
+    """(running, pending not yet running), each id once: the union by id, kept in its two halves.
 
     Adding the two lists would shrink the fleet by the number of instances currently starting; ignoring
-    pending would let two placements a second apart both take the last slot.
+    pending would let two placements a second apart both take the last slot. The halves stay apart because
+    only running instances show up in observed memory and disk.
     """
+    running = tuple({c.id: c for c in node.running}.values()) if len(node.running) > 1 else node.running
     if not node.pending:
-        return node.running
-    by_id = {c.id: c for c in node.pending}
-    by_id.update((c.id, c) for c in node.running)
-    return tuple(by_id.values())
+        return running, ()
+    ids = {c.id for c in running}
+    return running, tuple({c.id: c for c in node.pending if c.id not in ids}.values())
 
 
-def host_baseline_mib(observed_used_mib: int, claimed_mib: int, remembered_mib: int | None) -> int:
-    """What the host itself costs, excluding its instances.
+def committed_claims(node: NodeState) -> tuple[Claim, ...]:
+    """Running and pending unioned by id: an instance placed and since started is one claim, not two."""
+    running, pending = split_claims(node)
+    return running + pending
 
-    With nothing claimed it is simply what the node reports. With claims it can only be remembered or
-    inferred, and inference alone fails on young instances: subtracting their FULL claim from observed use
-    assumes they have touched it all. Measured on morpheus (31757 MiB, 4314 idle): two young 8 GiB VMs showed
-    6314 used, the inference went negative, clamped to the floor, and freed exactly enough for a third VM on a
-    2-slot node.
-    So take the larger of the remembered idle reading and the inference, so a host doing real work outside its
-    instances is still charged for it.
+
+def host_baseline_mib(observed_used_mib: int, running_mib: int, remembered_mib: int | None) -> int:
+    """What the host itself costs, excluding the instances running on it.
+
+    With nothing running it is simply what the node reports. With instances running it can only be
+    remembered or inferred, and inference alone fails on young instances: subtracting their FULL claim from
+    observed use assumes they have touched it all. Measured on morpheus (31757 MiB, 4314 idle): two young
+    8 GiB VMs showed 6314 used, the inference went negative, clamped to the floor, and freed exactly enough
+    for a third VM on a 2-slot node. So take the larger of the remembered idle reading and the inference, so
+    a host doing real work outside its instances is still charged for it.
+
+    Only RUNNING claims are subtracted: a pending instance has touched no memory, and subtracting its claim
+    too let a node idle at 16385 MiB take a fifth 8 GiB instance it had no room for (found by the property
+    test in tests/fleet/test_capacity.py).
     """
-    if claimed_mib == 0:
+    if running_mib == 0:
         return max(observed_used_mib, BASELINE_FLOOR_MIB)
-    inferred = observed_used_mib - claimed_mib
+    inferred = observed_used_mib - running_mib
     return max(inferred, remembered_mib or 0, BASELINE_FLOOR_MIB)
 
 
@@ -233,8 +243,10 @@ def effective_use(node: NodeState) -> MemoryUse | None:
     observed = node.observed_mem_used_mib
     if observed is None:
         return None
-    claimed = sum(c.mem_mib for c in committed_claims(node))
-    committed = claimed + host_baseline_mib(observed, claimed, node.idle_baseline_mib)
+    running, pending = split_claims(node)
+    running_mib = sum(c.mem_mib for c in running)
+    baseline = host_baseline_mib(observed, running_mib, node.idle_baseline_mib)
+    committed = running_mib + sum(c.mem_mib for c in pending) + baseline
     # Observed alone under-counts a freshly booted instance; committed alone under-counts a host busy with
     # work of its own. The worse of the two is what the node can be trusted to have.
     return MemoryUse(observed, committed, max(observed, committed))
@@ -318,13 +330,11 @@ def _structural(node: NodeState, need: Need) -> Unfit | None:
 
 def _liveness(node: NodeState, health_max_age_s: float) -> Unfit | None:
     if node.status == "draining":
-        return Unfit(
-            ReasonCode.DRAINING, "draining: an operator cordoned this node; undrain it to place here"
-        )
+        return Unfit(ReasonCode.DRAINING, "an operator cordoned this node; undrain it to place work here")
     if node.status == "dead":
-        return Unfit(ReasonCode.DEAD, "dead: the node stopped reporting and was declared dead")
+        return Unfit(ReasonCode.DEAD, "the node stopped reporting and was declared dead")
     if node.status != "online":
-        return Unfit(ReasonCode.OFFLINE, f"{node.status}: the agent is not connected; check it on the node")
+        return Unfit(ReasonCode.OFFLINE, f"status is {node.status}: the agent is not connected; check it")
     age = node.health_age_s
     if age is None:
         return Unfit(ReasonCode.NO_RECENT_HEALTH, "never reported health, so its memory use is unknown")
@@ -352,16 +362,16 @@ def _capacity(node: NodeState, need: Need) -> Verdict:
     # _readability has excluded every None below; the asserts tell mypy, and cost nothing measurable.
     assert node.observed_mem_total_mib is not None and node.observed_mem_used_mib is not None
     assert node.disk_free_gib is not None
-    claims = committed_claims(node)
+    running, pending = split_claims(node)
+    claims = running + pending
     use = effective_use(node)
     assert use is not None
     # The smaller of declared and observed: an operator may cap what Slotkeeper uses, and a machine that lost
     # a DIMM reports less than it was declared with. Either way the smaller number is the one that holds.
     total = min(node.mem_total_mib, node.observed_mem_total_mib)
     free_mib = total - use.effective_mib - HOST_RESERVE_MIB
-    running_ids = {c.id for c in node.running}
     # Running instances' disk is already out of disk_free; pending ones have not written theirs yet.
-    disk_pending = sum(c.disk_gib for c in node.pending if c.id not in running_ids)
+    disk_pending = sum(c.disk_gib for c in pending)
     disk_left = node.disk_free_gib - disk_pending - DISK_RESERVE_GIB
     cores_free = node.cpu_cores - sum(c.cpu_cores for c in claims)
     numbers: dict[str, Any] = {
@@ -552,7 +562,7 @@ class _Preference:
             return (
                 f"preferred node {self.name} {took}breaks more soft rules ({penalty[v.node]}) than the best"
             )
-        return f"preferred node {self.name} {took}was not used: {v.reason_code}: {v.reason}"
+        return f"preferred node {self.name} {took}was not used ({v.reason_code}): {v.reason}"
 
     def note(self, chosen: Sequence[str]) -> str | None:
         if self.name is None or all(n == self.name for n in chosen):
