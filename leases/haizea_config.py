@@ -205,7 +205,8 @@ def _line_of(path: str, section: str, option: str) -> int:
         for lineno, line in enumerate(f, 1):
             text = line.strip()
             if text.startswith("[") and text.endswith("]"):
-                current = text[1:-1].strip()
+                # A multi-configuration file writes [profile:section]; the option is looked for in any of them.
+                current = text[1:-1].strip().rpartition(":")[2]
             elif current == section and text.partition(":")[0].partition("=")[0].strip().lower() == option:
                 return lineno
     return 1

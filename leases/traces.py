@@ -12,6 +12,7 @@ go straight to it. PURE: no Django.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
@@ -237,7 +238,7 @@ def _lwf_lease(doc: _Lwf, request: Element, lease: Element, lease_id: int) -> Tr
 
 
 def _lease_ids(doc: _Lwf, leases: list[Element]) -> list[int]:
-    """The file's ids; leases without one are numbered after the largest, in file order (as in Haizea 1.1)."""
+    """The file's ids; leases without one are numbered after the largest, in file order, so none collide."""
     given: dict[int, Element] = {}
     for lease in leases:
         if lease.get("id") is not None:
@@ -246,7 +247,7 @@ def _lease_ids(doc: _Lwf, leases: list[Element]) -> list[int]:
                 first = doc.lines[given[lease_id]]
                 raise doc.fail(lease, f"lease id {lease_id} is already used at line {first}")
             given[lease_id] = lease
-    fresh = iter(range(max(given, default=0) + 1, max(given, default=0) + len(leases) + 1))
+    fresh = itertools.count(max(given, default=0) + 1)
     return [doc.whole(lease, "id") if lease.get("id") is not None else next(fresh) for lease in leases]
 
 

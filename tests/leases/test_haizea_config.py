@@ -202,3 +202,9 @@ def test_a_missing_option_falls_back_to_the_given_default(tmp_path):
     assert config.get("scheduling", "backfilling", "aggressive") == "aggressive"
     assert config.get("simulation", "clock") is None
     assert config.starttime is None
+
+
+def test_a_typo_in_a_multi_config_profile_names_its_line(tmp_path):
+    text = "[multi]\ntracedir: /t\ntracefiles: a.lwf\ndatadir: /d\n\n[fast:scheduling]\nsuspension: all\nbackfiling: off\n"
+    with pytest.raises(ConfigError, match=r"x.conf:8: \[scheduling\] backfiling is not an option"):
+        read_multi_config(write(tmp_path, text))
