@@ -1,0 +1,104 @@
+"""The sweep: silent nodes go offline at 20 s and dead after the grace; heartbeats bring them back."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from fleet import actions
+from fleet.models import HealthSample, Node
+from fleet.signals import nodes_died
+from slotkeeper.models import AuditEntry
+
+pytestmark = pytest.mark.django_db
+
+
+def report(**kw):
+    base = {"mem_total_mib": 61440, "mem_used_mib": 6000, "disk_free_gib": 300.0, "cpu_pct": 3.0, "load1": 0.1}
+    return actions.HealthReport(**{**base, **kw})
+
+
+@pytest.fixture
+def tank(register_node, t0):
+    node, _ = register_node("tank", now=t0)
+    return actions.do_heartbeat(node, report(), now=t0)
+
+
+def status(node) -> str:
+    return Node.objects.get(pk=node.pk).status
+
+
+def test_a_node_is_online_until_its_heartbeat_is_20_seconds_old(tank, t0):
+    assert actions.sweep(t0 + timedelta(seconds=19.9)).offline == []
+    assert status(tank) == "online"
+    assert actions.sweep(t0 + timedelta(seconds=20.1)).offline == ["tank"]
+    assert status(tank) == "offline"
+
+
+def test_an_offline_node_is_dead_after_the_grace_and_others_hear_of_it(tank, t0):
+    died = []
+    nodes_died.connect(lambda **kw: died.append(kw["node_ids"]), weak=False, dispatch_uid="test-died")
+    try:
+        actions.sweep(t0 + timedelta(seconds=21))
+        assert actions.sweep(t0 + timedelta(seconds=79)).dead == []
+        result = actions.sweep(t0 + timedelta(seconds=81))
+    finally:
+        nodes_died.disconnect(dispatch_uid="test-died")
+    assert result.dead == ["tank"]
+    assert status(tank) == "dead"
+    assert died == [[tank.pk]]
+    assert AuditEntry.objects.filter(action="node.dead", target_id=str(tank.pk)).count() == 1
+
+
+def test_the_grace_is_configurable(tank, t0, settings):
+    settings.SLOTKEEPER = {**settings.SLOTKEEPER, "DEAD_AFTER_S": 5}
+    actions.sweep(t0 + timedelta(seconds=21))
+    assert actions.sweep(t0 + timedelta(seconds=26)).dead == ["tank"]
+
+
+def test_a_heartbeat_brings_an_offline_node_back_online(tank, t0):
+    actions.sweep(t0 + timedelta(seconds=25))
+    node = Node.objects.get(pk=tank.pk)
+    actions.do_heartbeat(node, report(), now=t0 + timedelta(seconds=26))
+    assert status(tank) == "online"
+    assert AuditEntry.objects.filter(action="node.back").exists()
+
+
+def test_a_drained_node_that_went_dead_returns_as_draining(tank, t0):
+    actions.do_drain(None, tank.pk, reason="memory test", now=t0)
+    actions.sweep(t0 + timedelta(seconds=90))
+    assert status(tank) == "dead"
+    actions.do_heartbeat(Node.objects.get(pk=tank.pk), report(), now=t0 + timedelta(seconds=91))
+    assert status(tank) == "draining"
+
+
+def test_a_draining_node_is_never_marked_offline_but_can_die(tank, t0):
+    actions.do_drain(None, tank.pk, reason="kernel upgrade", now=t0)
+    assert actions.sweep(t0 + timedelta(seconds=30)).offline == []
+    assert status(tank) == "draining"
+    assert actions.sweep(t0 + timedelta(seconds=81)).dead == ["tank"]
+
+
+def test_a_node_that_never_reported_is_not_declared_dead(register_node, t0):
+    node, _ = register_node("fresh", now=t0)
+    result = actions.sweep(t0 + timedelta(hours=1))
+    assert result.dead == []
+    assert status(node) == "offline"
+
+
+def test_two_sweeps_of_the_same_instant_act_once(tank, t0):
+    first = actions.sweep(t0 + timedelta(seconds=21))
+    second = actions.sweep(t0 + timedelta(seconds=21))
+    assert (first.offline, second.offline) == (["tank"], [])
+    assert AuditEntry.objects.filter(action="node.offline").count() == 1
+
+
+def test_health_history_is_bounded_to_the_last_hour(tank, t0):
+    node = Node.objects.get(pk=tank.pk)
+    for minutes in (5, 50, 70):
+        actions.do_heartbeat(node, report(), now=t0 + timedelta(minutes=minutes))
+    result = actions.sweep(t0 + timedelta(minutes=70))
+    # The samples at 0 and 5 minutes are more than an hour old at 70 minutes.
+    assert result.trimmed_samples == 2
+    assert HealthSample.objects.filter(node=node).count() == 2
