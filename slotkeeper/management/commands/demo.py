@@ -1,0 +1,160 @@
+"""`manage.py demo` (what `make run` calls): migrate, make a demo admin, seed a demo fleet, serve the console with
+Daphne on http://127.0.0.1:8000, and run simulated agents that heartbeat through the real API. Ctrl-C stops
+everything it started."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.core.management.base import BaseCommand
+from django.utils import timezone
+
+from fleet import actions
+from fleet.models import Node
+from slotkeeper.management.commands.issue_token import grant_role
+
+DEMO_DIR = Path(settings.BASE_DIR) / ".demo"
+
+# The three machines measured in seed 001 (tank, architect, morpheus) and nine more of common shapes.
+DEMO_FLEET = [
+    ("tank", 16, 61440, 1000, ["backend:claude", "backend:local-ornith"]),
+    ("architect", 16, 65536, 900, ["backend:claude", "backend:local-ornith"]),
+    ("morpheus", 8, 31757, 400, ["backend:claude"]),
+    ("gpu-01", 32, 131072, 2000, ["backend:claude", "accel.gpu"]),
+    ("gpu-02", 32, 131072, 2000, ["backend:claude", "accel.gpu"]),
+    ("edge-cam-01", 4, 16384, 120, ["sensor.camera0"]),
+    ("edge-cam-02", 4, 16384, 120, ["sensor.camera0"]),
+    ("batch-01", 24, 98304, 1500, []),
+    ("batch-02", 24, 98304, 1500, []),
+    ("batch-03", 24, 98304, 1500, []),
+    ("small-01", 4, 8192, 100, []),
+    ("small-02", 4, 8192, 100, []),
+]
+
+
+class Command(BaseCommand):
+    help = "Run Slotkeeper embedded with a demo fleet: console at http://127.0.0.1:8000 (Ctrl-C stops it)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--no-agents", action="store_true", help="serve without simulated agents")
+
+    def handle(self, port, host, no_agents, **options):
+        DEMO_DIR.mkdir(exist_ok=True)
+        self.stdout.write("Migrating the database…")
+        call_command("migrate", interactive=False, verbosity=0)
+        password = self.demo_admin()
+        tokens = self.demo_fleet()
+        self.seed_extra()
+        server = f"http://{host}:{port}"
+        daphne = subprocess.Popen(
+            [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "slotkeeper.asgi:application"],
+            env={**os.environ, "EMBEDDED_LOOP": "1"},
+        )
+        stop = threading.Event()
+
+        def shutdown(*_):
+            stop.set()
+
+        signal.signal(signal.SIGINT, shutdown)
+        signal.signal(signal.SIGTERM, shutdown)
+        try:
+            self.wait_until_up(server, daphne)
+            # The embedded loop starts with the first request; make it now rather than when someone opens a page.
+            urllib.request.urlopen(f"{server}/healthz", timeout=5).read()  # noqa: S310 (our own loopback URL)
+            if not no_agents:
+                self.start_agents(server, tokens, stop)
+            self.stdout.write(
+                self.style.SUCCESS(
+                    f"\nSlotkeeper is running: {server}/\n"
+                    f"  sign in as  admin / {password}\n"
+                    f"  API docs    {server}/api/docs/   admin {server}/admin/\n"
+                    f"  {len(tokens)} simulated agents heartbeat every 5 s. Ctrl-C stops everything.\n"
+                )
+            )
+            while not stop.is_set() and daphne.poll() is None:
+                stop.wait(0.5)
+        finally:
+            stop.set()
+            if daphne.poll() is None:
+                daphne.terminate()
+                try:
+                    daphne.wait(10)
+                except subprocess.TimeoutExpired:
+                    daphne.kill()
+            self.stdout.write("Stopped.")
+
+    def demo_admin(self) -> str:
+        password_file = DEMO_DIR / "admin-password"
+        password = os.environ.get("DEMO_ADMIN_PASSWORD") or (
+            password_file.read_text().strip() if password_file.exists() else secrets.token_urlsafe(9)
+        )
+        password_file.write_text(password)
+        password_file.chmod(0o600)
+        user, _ = get_user_model().objects.get_or_create(username="admin")
+        user.is_superuser = True
+        user.set_password(password)
+        user.save()
+        grant_role(user, "admin")
+        return password
+
+    def demo_fleet(self) -> list[tuple[int, str]]:
+        """Registers the demo nodes once; keeps their tokens in .demo/ (they are shown only once)."""
+        token_file = DEMO_DIR / "node-tokens.json"
+        saved = json.loads(token_file.read_text()) if token_file.exists() else {}
+        tokens = []
+        now = timezone.now()
+        for name, cores, mem, disk, caps in DEMO_FLEET:
+            node = Node.objects.filter(name=name).first()
+            if node is None:
+                node, token = actions.do_register_node(
+                    None, name=name, cpu_cores=cores, mem_total_mib=mem, disk_total_gib=disk,
+                    capabilities=caps, now=now,
+                )
+            elif name in saved:
+                token = saved[name]
+            else:
+                token = actions.do_rotate_token(None, node.pk, now=now)
+            saved[name] = token
+            tokens.append((node.pk, token))
+        token_file.write_text(json.dumps(saved))
+        token_file.chmod(0o600)
+        self.stdout.write(f"Demo fleet: {len(tokens)} nodes.")
+        return tokens
+
+    def seed_extra(self) -> None:
+        """Extension point for other apps' demo data (leases register theirs)."""
+        from slotkeeper import demo_hooks
+
+        for hook in demo_hooks.hooks:
+            hook(self.stdout)
+
+    def wait_until_up(self, server: str, daphne: subprocess.Popen) -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if daphne.poll() is not None:
+                raise SystemExit("Daphne exited; see the log above.")
+            try:
+                urllib.request.urlopen(f"{server}/healthz", timeout=1).read()  # noqa: S310
+                return
+            except OSError:
+                time.sleep(0.3)
+        raise SystemExit("Daphne did not answer within 30 s.")
+
+    def start_agents(self, server: str, tokens, stop: threading.Event) -> None:
+        from fleet.agent.main import run_simulated_agents
+
+        run_simulated_agents(server, tokens, stop, interval=5.0, work_root=DEMO_DIR / "agents")
