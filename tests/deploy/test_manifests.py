@@ -406,6 +406,24 @@ def test_compose_runs_every_role(service, role):
     assert role in app_services()[service]["command"]
 
 
+def beat_schedule_tasks() -> list[str]:
+    tree = ast.parse((ROOT / "slotkeeper" / "settings.py").read_text())
+    (schedule,) = [
+        node.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "CELERY_BEAT_SCHEDULE"
+    ]
+    return [entry["task"] for entry in ast.literal_eval(schedule).values()]
+
+
+def test_beat_sends_only_tasks_that_exist():
+    # A worker drops a task it has no function for ("unregistered task"), so a renamed task would silently
+    # stop every tick while beat kept logging that it sent them.
+    problems = [problem_with_reference(*task.rsplit(".", 1)) for task in beat_schedule_tasks()]
+    assert beat_schedule_tasks()
+    assert [p for p in problems if p is not None] == []
+
+
 def test_the_agent_unit_passes_only_flags_the_agent_accepts():
     unit = SYSTEMD / "slotkeeper-agent.service"
     argv = shlex.split(unit_directive(unit, "ExecStart"))
