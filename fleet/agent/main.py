@@ -129,10 +129,23 @@ def main(argv: Sequence[str] | None = None, transport: Transport | None = None) 
     return _run_once(agent) if args.once else _run_forever(agent, args.interval)
 
 
+class _CurrentStderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to sys.stderr as it is now: main() called again in one process (tests, embedding) must not write
+    to a stream an earlier caller swapped in and has since closed."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        pass
+
+
 def _configure_logging() -> None:
-    if any(isinstance(h.formatter, JsonLineFormatter) for h in logger.handlers):
+    if any(isinstance(h, _CurrentStderr) for h in logger.handlers):
         return
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _CurrentStderr()
     handler.setFormatter(JsonLineFormatter())
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
