@@ -319,6 +319,14 @@ def test_the_web_probes_ask_the_right_endpoint_on_the_daphne_port(probe, path):
     assert web_port(get["port"]) == int(option_value(dockerfile_cmd(), "-p", "--port"))
 
 
+@pytest.mark.parametrize("probe", ["startupProbe", "livenessProbe", "readinessProbe"])
+def test_the_web_probes_present_a_host_django_accepts(probe):
+    # The kubelet's default Host is the pod IP, which Django answers with 400: the pod would never be ready.
+    headers = {h["name"]: h["value"] for h in web_container()[probe]["httpGet"].get("httpHeaders", [])}
+    allowed = k8s_object("ConfigMap", "slotkeeper-config")["data"]["ALLOWED_HOSTS"].split(",")
+    assert headers.get("Host") in [host.strip() for host in allowed]
+
+
 def probed_paths() -> set[str]:
     k8s = {web_container()[p]["httpGet"]["path"] for p in ("startupProbe", "livenessProbe", "readinessProbe")}
     (healthcheck,) = dockerfile_args("HEALTHCHECK")
