@@ -290,9 +290,12 @@ class Scheduler:
         self._changes: list[Change] = []
         self._excluded: Mapping[int, str] = {}
         self._now = -math.inf
-        self._version = 0
-        self._views: dict[float, dict[int, tuple[Res, int, float]]] = {}
+        # Per-instant, per-node caches of what the mapper asks again and again during one queue pass; a change
+        # to the table drops only the entries of the nodes it touched.
+        self._free: dict[float, dict[int, Res]] = {}
+        self._views: dict[float, dict[int, tuple[int, float]]] = {}
         self._fit_memo: dict[tuple[int, Res, float], float] = {}
+        self._room: dict[tuple[float, Res], int] = {}
 
     # -- public API ----------------------------------------------------------------------------------------
 
@@ -342,7 +345,12 @@ class Scheduler:
         self, now: float, excluded: Mapping[int, str] | None = None, *, run_queue: bool = True
     ) -> None:
         """Apply every reservation start/end and early end at or before `now`, in time order, then the queue."""
+        if (excluded or {}) != self._excluded:
+            self._room.clear()
         self._excluded = excluded or {}
+        if now > self._now:
+            self._free.clear()
+            self._views.clear()
         self._now = max(self._now, now)
         self._run_events(now)
         if run_queue:
@@ -363,7 +371,7 @@ class Scheduler:
             self.table.add(self._table_row(lease, r))
             self._records[r.rid] = r
             self._push_events(r)
-        self._version += 1
+            self._touch(r.nodes.values())
         if lease.state in (_S.QUEUED, _S.SUSPENDED_QUEUED):
             self._enqueue(lease)
         if lease.in_future:
@@ -487,8 +495,14 @@ class Scheduler:
         self._queue = waiting
 
     def _cpu_full(self, now: float) -> bool:
-        view = self._view(now)
-        return all(view[n][0].cpu <= 0 for n in self._usable_nodes())
+        return all(self._free_at(n, now).cpu <= 0 for n in self._usable_nodes())
+
+    def _free_at(self, node: int, t: float) -> Res:
+        free = self._free.setdefault(t, {})
+        got = free.get(node)
+        if got is None:
+            got = free[node] = self.table.available_at(node, t)
+        return got
 
     def _usable_nodes(self) -> list[int]:
         return [n for n in self.table.nodes if n not in self._excluded]
@@ -526,16 +540,17 @@ class Scheduler:
 
         Without it a long queue re-runs the full mapper over every node at every event (the 30-day Blue
         Horizon replay spent most of its time there)."""
-        view = self._view(now)
         smallest = Res(*(min(getattr(v, f.name) for v in req.vnodes) for f in fields(Res)))
-        room = 0
-        for node in self._usable_nodes():
-            if only is not None and node not in only:
-                continue
-            room += _copies(smallest, view[node][0])
-            if room >= len(req.vnodes):
-                return True
-        return False
+        if only is None:
+            key = (now, smallest)
+            room = self._room.get(key)
+            if room is None:
+                room = self._room[key] = sum(
+                    _copies(smallest, self._free_at(n, now)) for n in self._usable_nodes()
+                )
+        else:
+            room = sum(_copies(smallest, self._free_at(n, now)) for n in self._usable_nodes() if n in only)
+        return room >= len(req.vnodes)
 
     def _future_points(self, now: float) -> list[float]:
         """The ends of every lease's current plan after `now`, sorted (§2.5, §10 Q16): the only instants at
@@ -791,7 +806,7 @@ class Scheduler:
         mapping: dict[int, int] = {}
         latest = end
         i = 0
-        for node in self._host_order(table, start, end - start, only):
+        for node in self._host_order(table, req, start, end - start, only):
             need = Res()
             while i < len(order):
                 trial = need + req.vnodes[order[i] - 1]
@@ -836,26 +851,32 @@ class Scheduler:
         return until
 
     def _host_order(
-        self, table: SlotTable, start: float, duration: float, only: set[int] | None
+        self, table: SlotTable, req: LeaseRequest, start: float, duration: float, only: set[int] | None
     ) -> list[int]:
         nodes = [n for n in table.nodes if n not in self._excluded and (only is None or n in only)]
         if self.config.policy_host_selection == "no-policy":
             return nodes
-        view = self._view(start) if table is self.table else _build_view(table, start)
+        # A node where not even the smallest vnode fits at `start` can take nothing, so it is left out before
+        # scoring: on a busy fleet this skips most of the per-node work of every mapping attempt.
+        smallest = Res(*(min(getattr(v, f.name) for v in req.vnodes) for f in fields(Res)))
+        nodes = [n for n in nodes if self._fits_until(table, n, smallest, start) > start]
 
         def score(node: int) -> float:
-            _, leases, change = view[node]
+            leases, change = (
+                self._summary(node, start) if table is self.table else _summary(table, node, start)
+            )
             crowd = (4 - min(leases, 4)) / 4
             steady = 1.0 if change == math.inf or duration <= 0 else min(1.0, (change - start) / duration)
             return 0.5 * crowd + 0.25 + 0.25 * steady
 
         return sorted(nodes, key=lambda n: -score(n))
 
-    def _view(self, t: float) -> dict[int, tuple[Res, int, float]]:
-        view = self._views.get(t)
-        if view is None:
-            view = self._views[t] = _build_view(self.table, t)
-        return view
+    def _summary(self, node: int, t: float) -> tuple[int, float]:
+        view = self._views.setdefault(t, {})
+        got = view.get(node)
+        if got is None:
+            got = view[node] = _summary(self.table, node, t)
+        return got
 
     # -- suspend / resume / migrate / shutdown timing (§3.8, §3.12) ----------------------------------------
 
@@ -979,8 +1000,9 @@ class Scheduler:
         r = ReservationRecord(self._next_rid, rec.request.id, spec.kind, spec.start, spec.end, spec.nodes)
         r.sources = dict(spec.sources)
         self._next_rid += 1
-        self.table.add(self._table_row(rec, r))
-        self._touch()
+        row = self._table_row(rec, r)
+        self.table.add(row)
+        self._touch(row.alloc)
         self._records[r.rid] = r
         rec.reservations.append(r)
         self._push_events(r)
@@ -989,8 +1011,9 @@ class Scheduler:
 
     def _retime(self, r: ReservationRecord, end: float, now: float) -> None:
         """Move a reservation's end (a VM cut short to make room for its suspension)."""
-        self.table.replace(replace(self.table.get(r.rid), end=end))
-        self._touch()
+        row = replace(self.table.get(r.rid), end=end)
+        self.table.replace(row)
+        self._touch(row.alloc)
         r.end = end
         self._push_events(r)
         self._journal(now, r, "reservation_changed")
@@ -998,14 +1021,12 @@ class Scheduler:
     def _retire(self, r: ReservationRecord, end: float, now: float) -> None:
         """A reservation is over at `end` (<= now). Its row leaves the table: nothing is ever planned before
         now, and without this the 30-day replay's table grew to every reservation ever made."""
-        self.table.remove(r.rid)
-        self._touch()
+        self._touch(self.table.remove(r.rid).alloc)
         r.end, r.status = end, DONE
         self._journal(now, r, "reservation_changed")
 
     def _cancel_record(self, r: ReservationRecord, now: float) -> None:
-        self.table.remove(r.rid)
-        self._touch()
+        self._touch(self.table.remove(r.rid).alloc)
         r.status = CANCELLED
         self._journal(now, r, "reservation_cancelled")
 
@@ -1019,10 +1040,12 @@ class Scheduler:
                     rec.run_time += min(now, r.end) - r.start
                 self._retire(r, min(now, r.end), now)
 
-    def _touch(self) -> None:
-        self._version += 1
-        self._views.clear()
+    def _touch(self, nodes: Iterable[int]) -> None:
+        for node in nodes:
+            for cache in (*self._free.values(), *self._views.values()):
+                cache.pop(node, None)
         self._fit_memo.clear()
+        self._room.clear()
 
     def _journal(self, now: float, r: ReservationRecord, what: str) -> None:
         snapshot = replace(r, nodes=dict(r.nodes), sources=dict(r.sources))
@@ -1178,16 +1201,10 @@ def _packs(vnodes: Sequence[Res], capacities: list[Res]) -> bool:
     return True
 
 
-def _build_view(table: SlotTable, t: float) -> dict[int, tuple[Res, int, float]]:
-    """Per node at t: (free capacity, number of leases there, when its availability or lease set next changes)."""
-    by_node: dict[int, list[tuple[float, float, int, Res]]] = {n: [] for n in table.nodes}
-    for r in table.reservations(start=t):
-        for n, use in r.alloc.items():
-            by_node[n].append((r.start, r.end, r.lease_id, use))
-    return {n: _node_summary(table.capacity(n), rows, t) for n, rows in by_node.items()}
+def _summary(table: SlotTable, node: int, t: float) -> tuple[int, float]:
+    """At t on a node: how many leases are there, and when its availability or lease set next changes."""
+    rows = [(r.start, r.end, r.lease_id, r.alloc[node]) for r in table.reservations(start=t, node=node)]
 
-
-def _node_summary(cap: Res, rows: list[tuple[float, float, int, Res]], t: float) -> tuple[Res, int, float]:
     def state_at(x: float) -> tuple[Res, frozenset[int]]:
         used = Res()
         leases: set[int] = set()
@@ -1200,11 +1217,9 @@ def _node_summary(cap: Res, rows: list[tuple[float, float, int, Res]], t: float)
     now = state_at(t)
     # Back-to-back reservations of one lease with the same use (a VM and its shutdown) are one span, as in
     # Haizea's availability window, so only a real change of availability or of lease set counts.
-    change = next(
-        (x for x in sorted({p for a, b, _, _ in rows for p in (a, b) if p > t}) if state_at(x) != now),
-        math.inf,
-    )
-    return cap - now[0], len(now[1]), change
+    points = sorted({p for a, b, _, _ in rows for p in (a, b) if p > t})
+    change = next((x for x in points if state_at(x) != now), math.inf)
+    return len(now[1]), change
 
 
 def _local_groups(
