@@ -2,6 +2,7 @@
 half-open convention, and property tests against a naive model that scans every reservation."""
 
 import math
+import random
 from datetime import UTC, datetime
 
 import pytest
@@ -548,3 +549,22 @@ def test_the_envelope_is_the_running_minimum_of_availability(built, start):
             instants = [start, *(p for p in naive.points() if start < p <= t)]
             lows = [CAP[node] - naive.used(node, s) for s in instants]
             assert covering == Res(cpu=min(x.cpu for x in lows), mem=min(x.mem for x in lows))
+
+
+def test_thousands_of_reservations_added_out_of_order_keep_changepoints_and_windows_exact():
+    rng = random.Random(5)
+    table, kept = SlotTable({n: F for n in range(4)}), {}
+    starts = list(range(3000))
+    rng.shuffle(starts)
+    for rid, start in enumerate(starts):
+        r = Reservation(
+            rid, rid, "vm", float(start), start + rng.choice([0.5, 7.0, 40.0]), {rid % 4: Res(cpu=1)}
+        )
+        table.add(r)
+        kept[rid] = r
+    for rid in rng.sample(sorted(kept), 1500):
+        table.remove(kept.pop(rid).rid)
+    points = sorted({t for r in kept.values() for t in (r.start, r.end)})
+    assert table.changepoints(100.0, until=2000.0) == [p for p in points if 100 < p <= 2000]
+    window = sorted((r for r in kept.values() if r.overlaps(1200.0, 1400.0)), key=lambda r: (r.start, r.rid))
+    assert table.reservations(1200.0, 1400.0) == window
