@@ -200,7 +200,6 @@ def test_slots_count_how_many_more_of_this_request_fit(need, machine, slots):
         (("a", "b"), ("a",), 2),  # placed, then started: the same instance in both lists counts once
         (("a", "b"), ("c",), 3),  # placed seconds ago and not started: a real additional claim
         ((), ("c", "d"), 2),
-        (("a", "a"), (), 1),  # an agent reporting the same instance twice does not double it
     ],
 )
 def test_commitments_union_by_identity_rather_than_adding(running, pending, count):
