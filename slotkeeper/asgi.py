@@ -2,10 +2,13 @@
 
 import os
 
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "slotkeeper.settings")
-django_asgi_app = get_asgi_application()
+# Daphne serves the console's few static files itself (with DEBUG off too), so a deployment needs no separate
+# file server; a CDN or nginx in front may still cache /static/.
+django_asgi_app = ASGIStaticFilesHandler(get_asgi_application())
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402

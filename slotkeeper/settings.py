@@ -27,6 +27,12 @@ DEBUG = env_bool("DEBUG", False)
 # A missing SECRET_KEY is fine for a laptop demo but never for production: the key is generated per process and
 # kept in a file beside the database, so sessions survive a restart of `make run` without a committed secret.
 SECRET_KEY = os.environ.get("SECRET_KEY", "")
+if not SECRET_KEY and os.environ.get("REDIS_URL"):
+    # Distributed means several processes on several machines: a per-process key would break every session and
+    # CSRF token that crosses replicas. Refuse to start instead of failing one request in N.
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured("SECRET_KEY must be set when REDIS_URL is (the distributed run).")
 if not SECRET_KEY:
     _key_file = BASE_DIR / ".secret_key"
     if _key_file.exists():
@@ -62,6 +68,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "slotkeeper.ops.ProbeMiddleware",
     "slotkeeper.logging.RequestIdMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -154,9 +161,11 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TIMEZONE = "UTC"
+# `expires`: a tick that waited longer than its period is pointless, so ticks queued while every worker was down
+# are dropped instead of running back to back when the workers return.
 CELERY_BEAT_SCHEDULE = {
-    "sweep-nodes": {"task": "fleet.tasks.sweep_nodes", "schedule": 5.0},
-    "tick-leases": {"task": "leases.tasks.tick", "schedule": 5.0},
+    "sweep-nodes": {"task": "fleet.tasks.sweep_nodes", "schedule": 5.0, "options": {"expires": 10}},
+    "tick-leases": {"task": "leases.tasks.tick", "schedule": 5.0, "options": {"expires": 10}},
 }
 
 # Run the periodic work inside the web process (embedded mode). Off when REDIS_URL is set (beat does it) and

@@ -6,6 +6,8 @@ from rest_framework.routers import DefaultRouter
 
 from fleet import views as fleet_views
 from fleet.api.views import NodeViewSet, PlacementPreviewView, PlacementReportViewSet
+from leases import views as lease_views
+from leases.api.views import LeaseViewSet, SlotsView
 from slotkeeper import ops
 
 
@@ -23,9 +25,11 @@ class Router(DefaultRouter):
 router = Router()
 router.register("nodes", NodeViewSet, basename="node")
 router.register("placement/reports", PlacementReportViewSet, basename="placement-report")
+router.register("leases", LeaseViewSet, basename="lease")
 
 api_urls = [
     path("placement/preview", PlacementPreviewView.as_view(), name="placement-preview"),
+    path("slots/", SlotsView.as_view(), name="slots"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("", include(router.urls)),
@@ -36,6 +40,9 @@ urlpatterns = [
     path("nodes/<int:node_id>/", fleet_views.node_detail, name="node-detail"),
     path("nodes/<int:node_id>/drain", fleet_views.drain, name="node-drain"),
     path("placement/<int:report_id>/", fleet_views.report_detail, name="placement-report"),
+    path("slots/", lease_views.slot_table, name="slot-table"),
+    path("leases/", lease_views.lease_list, name="lease-list"),
+    path("leases/<int:lease_id>/", lease_views.lease_detail, name="lease-detail"),
     path("login/", auth_views.LoginView.as_view(template_name="login.html"), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

@@ -121,8 +121,13 @@ class Command(BaseCommand):
             node = Node.objects.filter(name=name).first()
             if node is None:
                 node, token = actions.do_register_node(
-                    None, name=name, cpu_cores=cores, mem_total_mib=mem, disk_total_gib=disk,
-                    capabilities=caps, now=now,
+                    None,
+                    name=name,
+                    cpu_cores=cores,
+                    mem_total_mib=mem,
+                    disk_total_gib=disk,
+                    capabilities=caps,
+                    now=now,
                 )
             elif name in saved:
                 token = saved[name]

@@ -1,0 +1,120 @@
+"""Leases API: submit, read, cancel, and a window of the slot table. Every write calls leases/actions.py."""
+
+from __future__ import annotations
+
+from django.db.models import Q
+from django.utils import timezone
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import status, viewsets
+from rest_framework.decorators import action
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from leases import actions
+from leases.api import serializers as s
+from leases.models import Lease, Reservation
+from slotkeeper.auth import IsOperator, IsViewer
+
+
+class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
+    queryset = Lease.objects.all()
+
+    def get_serializer_class(self):
+        return s.LeaseDetailSerializer if self.action == "retrieve" else s.LeaseSerializer
+
+    def get_permissions(self):
+        return [IsOperator()] if self.action in {"create", "cancel"} else [IsViewer()]
+
+    def get_queryset(self):
+        qs = super().get_queryset()
+        params = self.request.query_params
+        if state := params.get("state"):
+            qs = qs.filter(state__in=state.split(","))
+        if type_ := params.get("type"):
+            qs = qs.filter(type__in=type_.split(","))
+        return qs
+
+    def get_object(self):
+        try:
+            pk = int(self.kwargs["pk"])
+        except (TypeError, ValueError):
+            raise actions.NotFound(f"lease {self.kwargs['pk']} does not exist") from None
+        return actions.get_lease(pk)
+
+    @extend_schema(
+        request=s.LeaseCreateSerializer,
+        responses={
+            201: s.LeaseDetailSerializer,
+            409: OpenApiResponse(
+                description="an advance reservation or immediate lease that cannot be placed"
+            ),
+        },
+    )
+    def create(self, request):
+        ser = s.LeaseCreateSerializer(data=request.data)
+        ser.is_valid(raise_exception=True)
+        data = ser.validated_data
+        spec = actions.LeaseSpec(
+            name=data["name"],
+            type=data["type"],
+            duration_s=data["duration_s"],
+            vnodes=[dict(v) for v in data["nodes"]],
+            start=data["start"],
+            capabilities=tuple(data["capabilities"]),
+            preemptible=data["preemptible"],
+            real_duration_s=data["real_duration_s"],
+        )
+        result = actions.do_submit_lease(request.user, spec, now=timezone.now())
+        body = s.LeaseDetailSerializer(result.lease).data
+        if not result.decision.accepted:
+            return Response(
+                {
+                    "detail": result.decision.message,
+                    "lease": result.lease.pk,
+                    "state": result.lease.state,
+                    "verdicts": result.report.verdicts,
+                },
+                status=status.HTTP_409_CONFLICT,
+            )
+        return Response(body, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=s.CancelSerializer, responses={200: s.LeaseDetailSerializer})
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        lease = self.get_object()
+        ser = s.CancelSerializer(data=request.data)
+        ser.is_valid(raise_exception=True)
+        lease = actions.do_cancel_lease(
+            request.user, lease.pk, now=timezone.now(), reason=ser.validated_data["reason"]
+        )
+        return Response(s.LeaseDetailSerializer(lease).data)
+
+
+class SlotsView(APIView):
+    permission_classes = [IsViewer]
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("start", str, description="ISO time; default an hour ago"),
+            OpenApiParameter("end", str, description="ISO time; default 25 h after start"),
+            OpenApiParameter("node", int, description="only reservations on this node"),
+        ],
+        responses={200: s.ReservationSerializer(many=True)},
+    )
+    def get(self, request):
+        ser = s.SlotWindowSerializer(data=request.query_params)
+        ser.is_valid(raise_exception=True)
+        window = ser.validated_data
+        rows = Reservation.objects.select_related("lease").filter(
+            start__lt=window["end"], end__gt=window["start"]
+        )
+        if node := window.get("node"):
+            rows = rows.filter(Q(allocations__node_id=node)).distinct()
+        rows = rows.order_by("start", "rid")[:5000]
+        return Response(
+            {
+                "start": window["start"],
+                "end": window["end"],
+                "reservations": s.ReservationSerializer(rows, many=True).data,
+            }
+        )

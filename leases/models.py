@@ -1,0 +1,153 @@
+"""Leases, the slot table's rows (reservations) and their per-node allocations, and each lease's state history."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import F, Q
+
+from leases.lifecycle import LEASE_BADGES, LeaseState
+
+LEASE_STATE_CHOICES = [(s.value, s.value.replace("_", " ")) for s in LeaseState]
+
+
+class LeaseType(models.TextChoices):
+    BEST_EFFORT = "best_effort", "best-effort"
+    ADVANCE_RESERVATION = "advance_reservation", "advance reservation"
+    IMMEDIATE = "immediate", "immediate"
+
+
+class ReservationKind(models.TextChoices):
+    VM = "vm", "vm"
+    SUSPEND = "suspend", "suspend"
+    RESUME = "resume", "resume"
+    MIGRATE = "migrate", "migrate"
+    SHUTDOWN = "shutdown", "shutdown"
+
+
+class ReservationStatus(models.TextChoices):
+    SCHEDULED = "scheduled", "scheduled"
+    ACTIVE = "active", "active"
+    DONE = "done", "done"
+    CANCELLED = "cancelled", "cancelled"
+
+
+LIVE_RESERVATION_STATUSES = (ReservationStatus.SCHEDULED, ReservationStatus.ACTIVE)
+
+
+class Lease(models.Model):
+    name = models.CharField(max_length=200)
+    type = models.CharField(max_length=24, choices=LeaseType.choices)
+    state = models.CharField(
+        max_length=24, choices=LEASE_STATE_CHOICES, default=LeaseState.NEW, db_index=True
+    )
+    submitted_at = models.DateTimeField(db_index=True)
+    requested_start = models.DateTimeField(null=True, blank=True)
+    duration_s = models.FloatField()
+    # One entry per VM: {"cpu_cores", "mem_mib", "disk_gib"}.
+    vnodes = models.JSONField()
+    capabilities = models.JSONField(default=list, blank=True)
+    preemptible = models.BooleanField(default=True)
+    # Simulation only (demo and tests): the lease really ends after this much run time.
+    real_duration_s = models.FloatField(null=True, blank=True)
+    submitted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    first_start = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    run_time_s = models.FloatField(default=0)
+    lost_run_time_s = models.FloatField(default=0)
+    in_future = models.BooleanField(default=False)
+    # vnode -> node id where the vnode's suspended memory image lies.
+    images = models.JSONField(default=dict, blank=True)
+    message = models.TextField(blank=True)
+    version = models.PositiveIntegerField(default=1)
+
+    class Meta:
+        ordering = ["-submitted_at", "-id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(duration_s__gt=0), name="lease_duration_positive"),
+            models.CheckConstraint(
+                condition=~Q(type="advance_reservation") | Q(requested_start__isnull=False),
+                name="lease_ar_has_start",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"lease {self.pk} {self.name}"
+
+    @property
+    def badge(self) -> str:
+        return LEASE_BADGES[LeaseState(self.state)]
+
+
+class Reservation(models.Model):
+    """One row of the slot table: a lease's use of some nodes over [start, end)."""
+
+    rid = models.PositiveBigIntegerField(unique=True)
+    lease = models.ForeignKey(Lease, on_delete=models.CASCADE, related_name="reservations")
+    kind = models.CharField(max_length=16, choices=ReservationKind.choices)
+    start = models.DateTimeField(db_index=True)
+    end = models.DateTimeField(db_index=True)
+    status = models.CharField(max_length=16, choices=ReservationStatus.choices, db_index=True)
+    # vnode -> node id; for a migration, `sources` holds where the memory images leave from.
+    nodes = models.JSONField()
+    sources = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["start", "rid"]
+        constraints = [
+            models.CheckConstraint(condition=Q(end__gte=F("start")), name="reservation_end_after_start")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.start:%H:%M:%S}–{self.end:%H:%M:%S} of lease {self.lease_id}"
+
+
+class Allocation(models.Model):
+    """What one reservation uses on one node. Denormalised times and liveness let one SQL query check that no node
+    is overcommitted at any instant (the invariant the concurrency tests assert)."""
+
+    reservation = models.ForeignKey(Reservation, on_delete=models.CASCADE, related_name="allocations")
+    node = models.ForeignKey("fleet.Node", on_delete=models.CASCADE, related_name="allocations")
+    start = models.DateTimeField()
+    end = models.DateTimeField()
+    live = models.BooleanField(default=True)
+    cpu = models.PositiveIntegerField(help_text="percent of one core (100 = 1 core)")
+    mem_mib = models.PositiveIntegerField()
+    disk_gib = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        indexes = [models.Index(fields=["node", "live", "start", "end"], name="alloc_node_window_idx")]
+        constraints = [models.UniqueConstraint(fields=["reservation", "node"], name="alloc_one_row_per_node")]
+
+    def __str__(self) -> str:
+        return f"{self.node_id}: {self.mem_mib} MiB for reservation {self.reservation_id}"
+
+
+class LeaseEvent(models.Model):
+    """The lease's state history: every transition, with when and why."""
+
+    lease = models.ForeignKey(Lease, on_delete=models.CASCADE, related_name="events")
+    at = models.DateTimeField()
+    from_state = models.CharField(max_length=24)
+    to_state = models.CharField(max_length=24)
+    message = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+
+    def __str__(self) -> str:
+        return f"lease {self.lease_id}: {self.from_state} → {self.to_state}"
+
+
+class SchedulerState(models.Model):
+    """One row: the version of the planned world. Every commit of the plan applier bumps it, so a process can tell
+    whether the scheduler it holds in memory is still the database's (and reload it when another process wrote)."""
+
+    version = models.PositiveBigIntegerField(default=0)
+    next_rid = models.PositiveBigIntegerField(default=1)
+
+    def __str__(self) -> str:
+        return f"scheduler state v{self.version}"

@@ -1,0 +1,283 @@
+"""The boundary between the database and the pure scheduler, and the plan applier.
+
+`planning(now)` is the one place where plans are made and committed: it takes the scheduler lock (a PostgreSQL
+advisory transaction lock; on SQLite the IMMEDIATE write transaction), brings an in-memory Scheduler up to the
+database's version, lets the caller submit / cancel / advance, and writes the scheduler's change journal back in the
+same transaction. Because the decision and its commit are one serialised step, two submitters (or a submitter and
+the tick) can never both take the last free capacity of a node: the second one plans on the first one's result.
+
+The Scheduler is cached per process and reused while the database's version is the one it planned: a reload costs
+one read of every live lease, so a burst of submissions to one process does not pay it each time.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from django.conf import settings
+from django.db import connection, transaction
+
+from fleet import capacity
+from fleet.models import Node
+from fleet.placement import snapshot
+from leases.lifecycle import TERMINAL_LEASE_STATES, LeaseState
+from leases.models import (
+    LIVE_RESERVATION_STATUSES,
+    Allocation,
+    Lease,
+    LeaseEvent,
+    Reservation,
+    SchedulerState,
+)
+from leases.scheduler import Change, LeaseRecord, LeaseRequest, ReservationRecord, Scheduler, SchedulerConfig
+from leases.slottable import Res
+
+log = logging.getLogger(__name__)
+
+# An arbitrary constant: the advisory lock id every plan applier takes on PostgreSQL.
+PLAN_LOCK_ID = 0x5107_4EE9
+
+# Placer reasons that make a node unusable for any new reservation (capacity itself is the slot table's job).
+LIVENESS_CODES = frozenset(
+    {
+        capacity.ReasonCode.DRAINING,
+        capacity.ReasonCode.OFFLINE,
+        capacity.ReasonCode.DEAD,
+        capacity.ReasonCode.NO_RECENT_HEALTH,
+        capacity.ReasonCode.CAPACITY_UNKNOWN,
+    }
+)
+
+
+def to_epoch(dt: datetime) -> float:
+    return dt.timestamp()
+
+
+def from_epoch(t: float) -> datetime:
+    return datetime.fromtimestamp(t, UTC)
+
+
+def vnode_res(v: dict) -> Res:
+    return Res(
+        cpu=round(float(v.get("cpu_cores", 0)) * 100), mem=int(v["mem_mib"]), disk=int(v.get("disk_gib", 0))
+    )
+
+
+def node_capacity(node: Node) -> Res:
+    return Res(cpu=node.cpu_cores * 100, mem=node.mem_total_mib, disk=node.disk_total_gib)
+
+
+def scheduler_config() -> SchedulerConfig:
+    return SchedulerConfig.from_options(getattr(settings, "SLOTKEEPER_SCHEDULING", {}))
+
+
+def request_of(lease: Lease) -> LeaseRequest:
+    return LeaseRequest(
+        id=lease.pk,
+        type=lease.type,
+        submit=to_epoch(lease.submitted_at),
+        start=to_epoch(lease.requested_start) if lease.requested_start else None,
+        duration=lease.duration_s,
+        vnodes=tuple(vnode_res(v) for v in lease.vnodes),
+        preemptible=lease.preemptible,
+        real_duration=lease.real_duration_s,
+    )
+
+
+def record_of(lease: Lease, reservations: list[Reservation]) -> LeaseRecord:
+    return LeaseRecord(
+        request=request_of(lease),
+        state=LeaseState(lease.state),
+        reservations=[
+            ReservationRecord(
+                rid=r.rid,
+                lease_id=lease.pk,
+                kind=r.kind,
+                start=to_epoch(r.start),
+                end=to_epoch(r.end),
+                nodes={int(k): v for k, v in r.nodes.items()},
+                status=r.status,
+                sources={int(k): v for k, v in (r.sources or {}).items()},
+            )
+            for r in reservations
+        ],
+        run_time=lease.run_time_s,
+        first_start=to_epoch(lease.first_start) if lease.first_start else None,
+        end=to_epoch(lease.ended_at) if lease.ended_at else None,
+        lost_run_time=lease.lost_run_time_s,
+        images={int(k): v for k, v in (lease.images or {}).items()},
+        in_future=lease.in_future,
+    )
+
+
+@dataclass
+class _Cached:
+    version: int
+    fingerprint: tuple
+    scheduler: Scheduler
+
+
+_cache = threading.local()
+
+
+def fleet_fingerprint(nodes: list[Node]) -> tuple:
+    return tuple((n.pk, n.cpu_cores, n.mem_total_mib, n.disk_total_gib) for n in nodes)
+
+
+def load(nodes: list[Node], next_rid: int) -> Scheduler:
+    """A fresh Scheduler holding every live lease and its live reservations."""
+    sched = Scheduler({n.pk: node_capacity(n) for n in nodes}, scheduler_config())
+    live = Lease.objects.exclude(state__in=[s.value for s in TERMINAL_LEASE_STATES]).order_by(
+        "submitted_at", "id"
+    )
+    by_lease: dict[int, list[Reservation]] = {}
+    for r in Reservation.objects.filter(lease__in=live, status__in=LIVE_RESERVATION_STATUSES).order_by(
+        "start", "rid"
+    ):
+        by_lease.setdefault(r.lease_id, []).append(r)
+    for lease in live:
+        sched.restore(record_of(lease, by_lease.get(lease.pk, [])))
+    # Reservation ids are unique for all time, not just among live rows: continue after the highest ever used.
+    sched._next_rid = max(sched._next_rid, next_rid)
+    return sched
+
+
+def excluded_nodes(now: datetime, nodes: list[Node]) -> dict[int, str]:
+    """Nodes the placer finds unusable right now (draining, offline, dead, stale or unreadable health)."""
+    out: dict[int, str] = {}
+    probe = capacity.Need(mem_mib=1)
+    for state in snapshot(now, nodes):
+        verdict = capacity.assess(state, probe, health_max_age_s=settings.SLOTKEEPER["HEALTH_MAX_AGE_S"])
+        if not verdict.fit and verdict.reason_code in LIVENESS_CODES:
+            out[state.id] = f"{verdict.reason_code}: {verdict.reason}"
+    return out
+
+
+@dataclass
+class Planning:
+    scheduler: Scheduler
+    now: datetime
+    excluded: dict[int, str]
+    nodes: list[Node]
+
+    @property
+    def t(self) -> float:
+        return to_epoch(self.now)
+
+
+def _lock() -> None:
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [PLAN_LOCK_ID])
+
+
+@contextmanager
+def planning(now: datetime) -> Iterator[Planning]:
+    """Lock, load (or reuse) the scheduler, let the caller plan, write the journal back; all in one transaction."""
+    with transaction.atomic():
+        _lock()
+        state, _ = SchedulerState.objects.select_for_update().get_or_create(pk=1)
+        nodes = list(Node.objects.order_by("id"))
+        fingerprint = fleet_fingerprint(nodes)
+        cached: _Cached | None = getattr(_cache, "value", None)
+        _cache.value = None  # until this transaction commits, nothing in memory can be trusted
+        if cached and cached.version == state.version and cached.fingerprint == fingerprint:
+            sched = cached.scheduler
+        else:
+            sched = load(nodes, state.next_rid)
+        plan = Planning(scheduler=sched, now=now, excluded=excluded_nodes(now, nodes), nodes=nodes)
+        yield plan
+        changes = sched.take_changes()
+        touched = apply(sched, changes)
+        state.version += 1
+        state.next_rid = sched._next_rid
+        state.save(update_fields=["version", "next_rid"])
+        version = state.version
+
+        def keep():
+            _cache.value = _Cached(version, fingerprint, sched)
+
+        transaction.on_commit(keep)
+        if touched:
+            from slotkeeper import events
+
+            events.send_on_commit("slots-changed", leases=sorted(touched)[:50])
+
+
+def apply(sched: Scheduler, changes: list[Change]) -> set[int]:
+    """Write a change journal: reservations (and their per-node allocations) and lease states with history."""
+    touched: set[int] = set()
+    for change in changes:
+        touched.add(change.lease_id)
+        if change.what == "lease_state":
+            _write_state(change)
+        elif change.reservation is not None:
+            _write_reservation(sched, change)
+    if touched:
+        _sync_leases(sched, touched)
+    return touched
+
+
+def _write_state(change: Change) -> None:
+    lease = Lease.objects.only("id", "state").get(pk=change.lease_id)
+    LeaseEvent.objects.create(
+        lease_id=lease.pk, at=from_epoch(change.at), from_state=lease.state, to_state=str(change.state)
+    )
+    Lease.objects.filter(pk=lease.pk).update(state=str(change.state))
+
+
+def _write_reservation(sched: Scheduler, change: Change) -> None:
+    r = change.reservation
+    assert r is not None
+    rec = sched.leases[r.lease_id]
+    fields = {
+        "lease_id": r.lease_id,
+        "kind": r.kind,
+        "start": from_epoch(r.start),
+        "end": from_epoch(r.end),
+        "status": r.status,
+        "nodes": {str(k): v for k, v in r.nodes.items()},
+        "sources": {str(k): v for k, v in r.sources.items()},
+    }
+    row, created = Reservation.objects.update_or_create(rid=r.rid, defaults=fields)
+    live = r.status in LIVE_RESERVATION_STATUSES
+    if created:
+        Allocation.objects.bulk_create(
+            Allocation(
+                reservation=row,
+                node_id=node_id,
+                start=row.start,
+                end=row.end,
+                live=live,
+                cpu=res.cpu,
+                mem_mib=res.mem,
+                disk_gib=res.disk,
+            )
+            for node_id, res in sched.alloc_of(rec, r).items()
+        )
+    else:
+        Allocation.objects.filter(reservation=row).update(start=row.start, end=row.end, live=live)
+
+
+def _sync_leases(sched: Scheduler, lease_ids: set[int]) -> None:
+    for lease_id in lease_ids:
+        rec = sched.leases.get(lease_id)
+        if rec is None:
+            continue
+        Lease.objects.filter(pk=lease_id).update(
+            run_time_s=rec.run_time,
+            lost_run_time_s=rec.lost_run_time,
+            first_start=from_epoch(rec.first_start) if rec.first_start is not None else None,
+            ended_at=from_epoch(rec.end) if rec.end is not None else None,
+            in_future=rec.in_future,
+            images={str(k): v for k, v in rec.images.items()},
+        )
+
+
+def drop_cache() -> None:
+    _cache.value = None

@@ -1,0 +1,150 @@
+"""The leases API: submit each type, read, cancel, the slot-table window; roles and bad input."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from fleet import actions as fleet_actions
+from leases.models import Allocation, Lease, Reservation
+from tests.leases.conftest import vm
+
+pytestmark = pytest.mark.django_db
+
+
+def submit(client, **body):
+    payload = {"name": "job", "type": "best_effort", "duration_s": 3600, "nodes": [vm()], **body}
+    return client.post("/api/leases/", payload, format="json")
+
+
+def test_a_best_effort_lease_starts_now_when_there_is_room(operator, fleet):
+    response = submit(operator)
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert body["state"] == "active"
+    assert [r["kind"] for r in body["reservations"]] == ["vm"]
+    assert [h["to_state"] for h in body["history"]][:1] == ["pending"]
+    assert body["placement_reports"][0]["outcome"] == "placed"
+
+
+def test_an_advance_reservation_gets_its_exact_window(operator, fleet):
+    start = (timezone.now() + timedelta(hours=2)).replace(microsecond=0)
+    response = submit(
+        operator, type="advance_reservation", start=start.isoformat(), duration_s=1800, nodes=[vm()] * 4
+    )
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert body["state"] == "ready"  # scheduled, and nothing to prepare (Haizea: SCHEDULED → READY at once)
+    vms = [r for r in body["reservations"] if r["kind"] == "vm"]
+    assert vms[0]["start"].startswith(start.strftime("%Y-%m-%dT%H:%M:%S"))
+    assert len(vms[0]["node_ids"]) >= 1
+    assert Allocation.objects.filter(reservation__lease_id=body["id"], live=True).exists()
+
+
+def test_an_immediate_lease_that_cannot_run_now_is_409_with_every_nodes_verdict(operator, fleet):
+    # Fill every node's memory for the next hour, then ask for an immediate lease.
+    assert submit(operator, type="immediate", nodes=[vm(mem=8192)] * 4).status_code == 201
+    response = submit(operator, type="immediate", nodes=[vm(mem=4096)])
+    assert response.status_code == 409
+    body = response.json()
+    assert Lease.objects.get(pk=body["lease"]).state == "rejected"
+    assert {v["node"] for v in body["verdicts"]} == {"n1", "n2", "n3", "n4"}
+    assert all(not v["fit"] and v["reason"] for v in body["verdicts"])
+
+
+def test_an_advance_reservation_on_a_draining_node_is_not_placed_there(operator, fleet):
+    operator.post(f"/api/nodes/{fleet[0].pk}/drain", {"reason": "maintenance"}, format="json")
+    start = (timezone.now() + timedelta(hours=1)).isoformat()
+    response = submit(operator, type="advance_reservation", start=start, nodes=[vm(mem=8192)] * 4)
+    assert response.status_code == 409
+    verdict = next(v for v in response.json()["verdicts"] if v["node"] == "n1")
+    assert "draining" in (verdict["reason_code"] or "") + (verdict["reason"] or "")
+
+
+@pytest.mark.parametrize(
+    ("field", "body"),
+    [
+        ("start", {"type": "advance_reservation", "start": "2001-01-01T00:00:00Z"}),
+        ("start", {"type": "advance_reservation"}),
+        ("start", {"type": "best_effort", "start": "2099-01-01T00:00:00Z"}),
+        ("duration_s", {"duration_s": 0}),
+        ("duration_s", {"duration_s": -5}),
+        ("nodes", {"nodes": []}),
+        ("nodes", {"nodes": [{"cpu_cores": 1, "mem_mib": 999999}]}),
+        ("type", {"type": "urgent"}),
+        ("name", {"name": ""}),
+    ],
+)
+def test_bad_requests_are_400_naming_the_field_and_store_nothing(operator, fleet, field, body):
+    response = submit(operator, **body)
+    assert response.status_code == 400, response.content
+    assert field in response.json()
+    assert not Lease.objects.exists()
+
+
+def test_a_too_large_vm_names_the_largest_node(operator, fleet):
+    response = submit(operator, nodes=[vm(), vm(mem=10_000)])
+    assert response.status_code == 400
+    assert "largest node (n1, 8192 MiB)" in response.json()["nodes"]["1"]
+
+
+def test_viewers_read_but_cannot_submit_or_cancel(viewer, operator, fleet):
+    assert submit(viewer).status_code == 403
+    lease_id = submit(operator).json()["id"]
+    assert viewer.get(f"/api/leases/{lease_id}/").status_code == 200
+    assert viewer.post(f"/api/leases/{lease_id}/cancel", {}, format="json").status_code == 403
+
+
+def test_cancel_ends_a_lease_and_a_second_cancel_is_a_conflict(operator, fleet):
+    lease_id = submit(operator).json()["id"]
+    response = operator.post(f"/api/leases/{lease_id}/cancel", {"reason": "no longer needed"}, format="json")
+    assert response.status_code == 200
+    assert response.json()["state"] == "cancelled"
+    assert not Allocation.objects.filter(
+        reservation__lease_id=lease_id, live=True, end__gt=timezone.now()
+    ).exists()
+    again = operator.post(f"/api/leases/{lease_id}/cancel", {}, format="json")
+    assert again.status_code == 409
+
+
+def test_unknown_leases_are_404(viewer, operator):
+    assert viewer.get("/api/leases/999/").status_code == 404
+    assert operator.post("/api/leases/999/cancel", {}, format="json").status_code == 404
+
+
+def test_the_slot_window_lists_reservations_overlapping_it(viewer, operator, fleet):
+    lease_id = submit(operator, duration_s=600).json()["id"]
+    now = timezone.now()
+    response = viewer.get(
+        "/api/slots/",
+        {"start": (now - timedelta(minutes=5)).isoformat(), "end": (now + timedelta(minutes=5)).isoformat()},
+    )
+    assert response.status_code == 200
+    assert [r["lease"] for r in response.json()["reservations"]] == [lease_id]
+    later = viewer.get("/api/slots/", {"start": (now + timedelta(hours=2)).isoformat()})
+    assert later.json()["reservations"] == []
+    assert (
+        viewer.get(
+            "/api/slots/", {"start": now.isoformat(), "end": (now - timedelta(hours=1)).isoformat()}
+        ).status_code
+        == 400
+    )
+    assert viewer.get("/api/slots/", {"start": "yesterday"}).status_code == 400
+
+
+def test_a_queued_lease_starts_when_the_blocking_one_ends(operator, fleet):
+    from leases import actions
+
+    first = submit(operator, type="immediate", duration_s=600, nodes=[vm(mem=8192)] * 4).json()
+    second = submit(operator, duration_s=600, nodes=[vm(mem=8192)]).json()
+    # Aggressive backfilling gives the first queued lease a future reservation right after the blocker.
+    assert second["state"] == "ready"
+    later = timezone.now() + timedelta(seconds=601)
+    for node in fleet:
+        fleet_actions.do_heartbeat(node, fleet_actions.HealthReport(8192, 1000, 90.0, 1.0, 0.1), now=later)
+    actions.tick(later)
+    assert Lease.objects.get(pk=first["id"]).state == "done"
+    assert Lease.objects.get(pk=second["id"]).state == "active"
+    assert Reservation.objects.filter(lease_id=second["id"], status="active").count() == 1
