@@ -183,8 +183,8 @@ def _verdict(
 ) -> Verdict:
     """Build a Verdict without the frozen dataclass __init__.
 
-    A frozen __init__ sets each field through object.__setattr__, about 2 us per Verdict on the CI machine:
-    2 ms of the 20 ms p99 budget at 1,000 nodes, spent on bookkeeping. Filling __dict__ directly is what
+    A frozen __init__ sets each field through object.__setattr__: about 2 us per Verdict on the 2-core
+    benchmark machine, so 2 ms of the 20 ms p99 budget at 1,000 nodes spent on bookkeeping. Filling __dict__ directly is what
     copy.copy does; the instance is as frozen as any other, since __setattr__ still refuses writes.
     """
     verdict = object.__new__(Verdict)
@@ -545,7 +545,7 @@ def _pick(verdicts: Sequence[Verdict], order: Sequence[int]) -> tuple[Verdict, .
 
 
 def _rank(states: Sequence[NodeState], verdicts: Sequence[Verdict], penalty: Mapping[str, int]) -> list[int]:
-    """Fit first: fewest soft-rule violations, most free slots, most headroom, lowest node id.
+    """Fit first: fewest soft-rule violations, most free slots, most headroom, lowest node id. Then unfit.
 
     Slots before headroom spreads load instead of stacking it; headroom lets an idle node beat one mid-build;
     node id last so the same fleet state always gives the same answer, whatever order the rows arrived in.
@@ -560,7 +560,9 @@ def _rank(states: Sequence[NodeState], verdicts: Sequence[Verdict], penalty: Map
             states[i].id,
         )
     )
-    unfit.sort(key=lambda i: states[i].id)
+    # Capable nodes before incapable ones, so the ten lines a failure message shows are the ones worth acting
+    # on, not a screenful of nodes that lack the capability anyway.
+    unfit.sort(key=lambda i: (verdicts[i].reason_code in PERMANENT, states[i].id))
     return fit + unfit
 
 

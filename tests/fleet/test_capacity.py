@@ -376,6 +376,16 @@ def test_every_node_gets_a_verdict_in_rank_order_fit_first():
     ]
 
 
+def test_a_failure_message_shows_capable_nodes_before_incapable_ones():
+    # Twenty nodes without kvm sort first by id; the one full node that could run the work must still be named.
+    fleet = [node(f"plain{i}", i, capabilities=frozenset()) for i in range(20)]
+    fleet.append(node("tank", 99, running=vms(6), idle_baseline_mib=6144))
+    placement = place(fleet, dataclasses.replace(VM, capabilities=frozenset({"kvm"})))
+    assert placement.outcome == Outcome.FLEET_AT_CAPACITY
+    assert placement.verdicts[0].node == "tank"
+    assert "  tank: at_capacity" in placement.message
+
+
 def test_a_penalised_node_ranks_below_one_with_fewer_slots():
     placement = place([tank(), morpheus()], VM, penalties={"tank": 1})
     assert placement.nodes == ("morpheus",)
