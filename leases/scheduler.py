@@ -517,8 +517,10 @@ class Scheduler:
             self._estimate(req, self.config.resume_rate, self.config.override_resume_time) if resuming else 0
         )
         duration = remaining + resume_est + self._shutdown_time(req)
+        # A non-preemptible lease is never suspended, so it is not started where it would have to be (Q1).
         strict = (
             req.type == IMMEDIATE
+            or not req.preemptible
             or self.config.suspension == "none"
             or (self.config.suspension == "serial-only" and len(req.vnodes) > 1)
         )
