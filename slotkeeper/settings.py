@@ -204,6 +204,10 @@ SPECTACULAR_SETTINGS = {
     "SERVE_INCLUDE_SCHEMA": False,
     "SERVE_PERMISSIONS": ["slotkeeper.auth.IsViewer"],
     "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {
+        "NodeStatusEnum": "fleet.models.NodeStatus",
+        "ReservationStatusEnum": "leases.models.ReservationStatus",
+    },
 }
 
 LOG_FORMAT = os.environ.get("LOG_FORMAT", "json")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.utils import timezone
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from fleet.models import Node, PlacementReport
@@ -91,6 +92,27 @@ class InstanceReportSerializer(serializers.Serializer):
     detail = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
 
 
+@extend_schema_field(
+    {
+        "oneOf": [
+            {"type": "string", "description": "an instance id, reported running"},
+            {
+                "type": "object",
+                "required": ["id"],
+                "properties": {
+                    "id": {"type": "string"},
+                    "status": {
+                        "type": "string",
+                        "enum": ["starting", "running", "exited", "failed", "stopped", "unhealthy"],
+                    },
+                    "exit_code": {"type": "integer", "nullable": True},
+                    "log_tail": {"type": "array", "items": {"type": "string"}},
+                    "detail": {"type": "string"},
+                },
+            },
+        ]
+    }
+)
 class InstanceEntryField(serializers.Field):
     """An instance in a heartbeat: either its id alone, or an object with its status."""
 

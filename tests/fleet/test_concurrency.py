@@ -41,8 +41,11 @@ def test_racing_heartbeats_drains_and_sweeps_leave_consistent_nodes():
                     if kind % 3 == 0:
                         node = Node.objects.get(pk=node_id)
                         report = actions.HealthReport(
-                            mem_total_mib=32768, mem_used_mib=rng.randint(0, 32768), disk_free_gib=50.0,
-                            cpu_pct=10.0, load1=0.5,
+                            mem_total_mib=32768,
+                            mem_used_mib=rng.randint(0, 32768),
+                            disk_free_gib=50.0,
+                            cpu_pct=10.0,
+                            load1=0.5,
                         )
                         actions.do_heartbeat(node, report, now=at)
                     elif kind % 3 == 1:
@@ -72,4 +75,6 @@ def test_racing_heartbeats_drains_and_sweeps_leave_consistent_nodes():
         if node.status == "draining":
             assert node.drain_reason
         if node.status == "online":
-            assert not node.drain_reason, f"{node.name} is online but still has drain reason {node.drain_reason!r}"
+            assert not node.drain_reason, (
+                f"{node.name} is online but still has drain reason {node.drain_reason!r}"
+            )

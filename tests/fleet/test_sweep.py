@@ -15,7 +15,13 @@ pytestmark = pytest.mark.django_db
 
 
 def report(**kw):
-    base = {"mem_total_mib": 61440, "mem_used_mib": 6000, "disk_free_gib": 300.0, "cpu_pct": 3.0, "load1": 0.1}
+    base = {
+        "mem_total_mib": 61440,
+        "mem_used_mib": 6000,
+        "disk_free_gib": 300.0,
+        "cpu_pct": 3.0,
+        "load1": 0.1,
+    }
     return actions.HealthReport(**{**base, **kw})
 
 
