@@ -10,8 +10,9 @@ times, on the same fleet in the same run:
 - place: `place` for one instance, the API's preview and submit path.
 - place x4 + check: `place` for four instances with an anti-affinity check, the burst path.
 
-Prints p50/p99 in milliseconds and whether place's p99 leaves room in the API's 20 ms p99 budget (which also has
-to pay for the database read).
+Prints p50/p99 in milliseconds of wall time and of this thread's CPU time. On a shared machine the wall p99
+mostly measures the neighbours; the CPU p99 is what the code costs. Then says whether place's p99 leaves room in
+the API's 20 ms p99 budget, which also has to pay for the database read.
 
     .venv/bin/python bench/bench_capacity.py [--repeat 200] [--seed 7]
 """
@@ -76,20 +77,25 @@ def anti_affinity(node: NodeState, need: Need, chosen: Sequence[str]) -> Unfit |
     return Unfit(ReasonCode.ANTI_AFFINITY, "group member already here") if node.name in chosen else None
 
 
-def timed(fn: Callable[[], object], repeat: int) -> tuple[float, float]:
-    """p50 and p99 of `repeat` calls, in milliseconds, after a short warm-up."""
+def timed(fn: Callable[[], object], repeat: int) -> tuple[float, float, float, float]:
+    """Wall p50, wall p99, CPU p50, CPU p99 of `repeat` calls, in milliseconds, after a short warm-up."""
     for _ in range(5):
         fn()
-    samples = []
+    wall, cpu = [], []
     for _ in range(repeat):
-        t0 = time.perf_counter_ns()
+        w0, c0 = time.perf_counter_ns(), time.thread_time_ns()
         fn()
-        samples.append((time.perf_counter_ns() - t0) / 1e6)
+        cpu.append((time.thread_time_ns() - c0) / 1e6)
+        wall.append((time.perf_counter_ns() - w0) / 1e6)
+    return (*percentiles(wall), *percentiles(cpu))
+
+
+def percentiles(samples: list[float]) -> tuple[float, float]:
     cuts = statistics.quantiles(samples, n=100, method="inclusive")
     return cuts[49], cuts[98]
 
 
-def run(size: int, repeat: int, seed: int) -> float:
+def run(size: int, repeat: int, seed: int) -> tuple[float, float]:
     fleet = make_fleet(size, random.Random(seed))
     cases: list[tuple[str, Callable[[], object]]] = [
         ("naive first()", lambda: naive_first(fleet, VM)),
@@ -100,12 +106,12 @@ def run(size: int, repeat: int, seed: int) -> float:
     outcome = place(fleet, VM)
     fit = sum(v.fit for v in outcome.verdicts)
     print(f"\n{size} nodes ({fit} fit, outcome {outcome.outcome}), {repeat} runs each")
-    print(f"  {'case':<20} {'p50 ms':>8} {'p99 ms':>8}")
-    place_p99 = 0.0
+    print(f"  {'case':<20} {'wall p50':>9} {'wall p99':>9} {'cpu p50':>9} {'cpu p99':>9}   (ms)")
+    place_p99 = (0.0, 0.0)
     for name, fn in cases:
-        p50, p99 = timed(fn, repeat)
-        place_p99 = p99 if name == "place" else place_p99
-        print(f"  {name:<20} {p50:>8.3f} {p99:>8.3f}")
+        wall50, wall99, cpu50, cpu99 = timed(fn, repeat)
+        place_p99 = (wall99, cpu99) if name == "place" else place_p99
+        print(f"  {name:<20} {wall50:>9.3f} {wall99:>9.3f} {cpu50:>9.3f} {cpu99:>9.3f}")
     return place_p99
 
 
@@ -116,9 +122,12 @@ def main() -> None:
     args = parser.parse_args()
     print(f"Python {sys.version.split()[0]}, seed {args.seed}")
     run(100, args.repeat, args.seed)
-    p99 = run(1000, args.repeat, args.seed)
-    verdict = "within" if p99 < BUDGET_MS / 2 else "NOT within"
-    print(f"\nplace p99 at 1,000 nodes: {p99:.2f} ms, {verdict} half the {BUDGET_MS:.0f} ms API budget")
+    wall99, cpu99 = run(1000, args.repeat, args.seed)
+    verdict = "within" if cpu99 < BUDGET_MS / 2 else "NOT within"
+    print(
+        f"\nplace p99 at 1,000 nodes: {cpu99:.2f} ms CPU ({wall99:.2f} ms wall), "
+        f"{verdict} half the {BUDGET_MS:.0f} ms API budget"
+    )
 
 
 if __name__ == "__main__":
