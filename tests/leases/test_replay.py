@@ -189,3 +189,25 @@ def test_random_small_workloads_keep_every_invariant(workload):
         if not rec.request.preemptible:
             assert rec.lost_run_time == 0
             assert not any(r.kind == "suspend" for r in rec.reservations if r.status != "cancelled")
+
+
+# -- the management command ------------------------------------------------------------------------------
+
+
+def test_the_replay_command_prints_exactly_one_json_object(capsys):
+    from django.core.management import call_command
+
+    call_command("replay", str(HAIZEA / "tests-1.0/preemption.lwf"), "--config", str(CONFIG_A), "--json")
+    doc = json.loads(capsys.readouterr().out)
+    lease1 = next(lease for lease in doc["leases"] if lease["id"] == 1)
+    assert (lease1["start"], lease1["end"]) == ("2006-11-25T13:00:00+00:00", "2006-11-25T14:31:04+00:00")
+    assert doc["metrics"]["ar_accepted"] == 1
+
+
+def test_an_unparseable_trace_is_one_error_naming_file_and_line(tmp_path):
+    from django.core.management import CommandError, call_command
+
+    bad = tmp_path / "bad.lwf"
+    bad.write_text("<lease-workload>\n<lease-requests><oops\n")
+    with pytest.raises(CommandError, match=rf"^{bad}:\d+: "):
+        call_command("replay", str(bad))
