@@ -144,6 +144,11 @@ def test_a_remembered_baseline_never_under_charges_a_busy_host():
     assert assess(busy, VM).slots == 3  # (61440 - 28672 - 4096) / 8192
 
 
+def test_effective_use_is_unknown_rather_than_zero_when_memory_is_unreadable():
+    # Zero would read as an empty node, which is how an unreadable node gets double-booked.
+    assert effective_use(tank(observed_mem_used_mib=None)) is None
+
+
 @pytest.mark.parametrize(
     ("observed", "claimed", "remembered", "baseline"),
     [
