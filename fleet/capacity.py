@@ -318,42 +318,54 @@ def assess(
 
 
 def _assess_builtin(node: NodeState, need: Need, health_max_age_s: float) -> Verdict:
-    # Permanent reasons first, so "no capable node" can be told from "busy" by the codes alone; then the
-    # fail-closed gates, because capacity arithmetic on a node we cannot see is a guess.
-    unfit = _structural(node, need) or _liveness(node, health_max_age_s)
+    # Liveness before size: leases/store.py probes every node with a 1 MiB need to learn which are dead or
+    # draining, and a small dead node answering "too small" would stay in the slot table's candidates. Whether
+    # waiting can help is decided from the node's facts (`_hopeless`), not from which reason came first.
+    unfit = _missing(node, need) or _liveness(node, health_max_age_s) or _too_small(node, need)
     if unfit is not None:
         return _verdict(node.name, False, unfit.code, unfit.reason, None, None, unfit.numbers)
     return _capacity(node, need)
 
 
-def _structural(node: NodeState, need: Need) -> Unfit | None:
-    if not need.capabilities <= node.capabilities:
-        missing = need.capabilities - node.capabilities
-        have = ", ".join(sorted(node.capabilities)) or "none"
-        return Unfit(
-            ReasonCode.MISSING_CAPABILITY,
-            f"missing {', '.join(sorted(missing))}; an instance runs on one node, which needs them all "
-            f"(has: {have})",
-            {"missing": sorted(missing)},
-        )
-    if (
+def _exceeds(node: NodeState, need: Need) -> bool:
+    """True when one instance is larger than this node could hold with nothing else on it."""
+    return (
         need.mem_mib > _mem_limit(node)
         or (need.disk_gib > 0 and need.disk_gib > node.disk_total_gib - DISK_RESERVE_GIB)
         or (need.cpu_cores > 0 and need.cpu_cores > node.cpu_cores + _CORE_EPSILON)
-    ):
-        limits = node_limits(node)
-        return Unfit(
-            ReasonCode.TOO_SMALL,
-            f"too small even when empty: an instance needs {_describe(need)}; this node offers at most "
-            f"{_describe_limits(limits)} ({node.mem_total_mib} MiB total less the {HOST_RESERVE_MIB} MiB "
-            f"host reserve and a {node.mem_total_mib - HOST_RESERVE_MIB - limits.mem_mib} MiB host baseline)",
-            {
-                "limit_mem_mib": limits.mem_mib,
-                "limit_disk_gib": limits.disk_gib,
-                "limit_cores": limits.cpu_cores,
-            },
-        )
-    return None
+    )
+
+
+def _hopeless(node: NodeState, verdict: Verdict, need: Need) -> bool:
+    """True when waiting cannot help: a capability is missing or the node is too small, whatever its state."""
+    return (
+        verdict.reason_code in PERMANENT or not need.capabilities <= node.capabilities or _exceeds(node, need)
+    )
+
+
+def _missing(node: NodeState, need: Need) -> Unfit | None:
+    if need.capabilities <= node.capabilities:
+        return None
+    missing = sorted(need.capabilities - node.capabilities)
+    return Unfit(
+        ReasonCode.MISSING_CAPABILITY,
+        f"missing {', '.join(missing)}; an instance runs on one node, which needs them all "
+        f"(has: {', '.join(sorted(node.capabilities)) or 'none'})",
+        {"missing": missing},
+    )
+
+
+def _too_small(node: NodeState, need: Need) -> Unfit | None:
+    if not _exceeds(node, need):
+        return None
+    limits = node_limits(node)
+    return Unfit(
+        ReasonCode.TOO_SMALL,
+        f"too small even when empty: an instance needs {_describe(need)}; this node offers at most "
+        f"{_describe_limits(limits)} ({node.mem_total_mib} MiB total less the {HOST_RESERVE_MIB} MiB "
+        f"host reserve and a {node.mem_total_mib - HOST_RESERVE_MIB - limits.mem_mib} MiB host baseline)",
+        {"limit_mem_mib": limits.mem_mib, "limit_disk_gib": limits.disk_gib, "limit_cores": limits.cpu_cores},
+    )
 
 
 def _liveness(node: NodeState, health_max_age_s: float) -> Unfit | None:
@@ -513,14 +525,15 @@ def place(
     prefer = _Preference(need.preferred_node, index.get(need.preferred_node or ""))
     for k in range(need.count):
         verdicts = _checked(states, base, need, checks, chosen) if checks else base
-        order = _rank(states, verdicts, penalty)
+        order = _rank(states, verdicts, need, penalty)
         ranked = (
             tuple(_with_penalty(verdicts[i], penalty) for i in order) if penalty else _pick(verdicts, order)
         )
         first = first or ranked
         pick = prefer.choose(order, verdicts, states, penalty, placed=k)
         if pick is None:
-            return _no_placement(need, states, ranked, placed=k)
+            hopeless = [_hopeless(states[i], verdicts[i], need) for i in order]
+            return _no_placement(need, states, ranked, hopeless, placed=k)
         chosen.append(states[pick].name)
         states[pick] = _with_pending(states[pick], need, k)
         base[pick] = _assess_builtin(states[pick], need, health_max_age_s)
@@ -544,7 +557,9 @@ def _pick(verdicts: Sequence[Verdict], order: Sequence[int]) -> tuple[Verdict, .
     return tuple(verdicts[i] for i in order)
 
 
-def _rank(states: Sequence[NodeState], verdicts: Sequence[Verdict], penalty: Mapping[str, int]) -> list[int]:
+def _rank(
+    states: Sequence[NodeState], verdicts: Sequence[Verdict], need: Need, penalty: Mapping[str, int]
+) -> list[int]:
     """Fit first: fewest soft-rule violations, most free slots, most headroom, lowest node id. Then unfit.
 
     Slots before headroom spreads load instead of stacking it; headroom lets an idle node beat one mid-build;
@@ -562,7 +577,7 @@ def _rank(states: Sequence[NodeState], verdicts: Sequence[Verdict], penalty: Map
     )
     # Capable nodes before incapable ones, so the ten lines a failure message shows are the ones worth acting
     # on, not a screenful of nodes that lack the capability anyway.
-    unfit.sort(key=lambda i: (verdicts[i].reason_code in PERMANENT, states[i].id))
+    unfit.sort(key=lambda i: (_hopeless(states[i], verdicts[i], need), states[i].id))
     return fit + unfit
 
 
@@ -636,9 +651,14 @@ def _placed_message(need: Need, chosen: Sequence[str]) -> str:
 
 
 def _no_placement(
-    need: Need, states: Sequence[NodeState], ranked: tuple[Verdict, ...], placed: int
+    need: Need,
+    states: Sequence[NodeState],
+    ranked: tuple[Verdict, ...],
+    hopeless: Sequence[bool],
+    placed: int,
 ) -> Placement:
-    candidates = [v for v in ranked if v.reason_code not in PERMANENT]
+    """Which of the three no-placement outcomes, from the nodes that waiting could still help."""
+    candidates = [v for v, never in zip(ranked, hopeless, strict=True) if not never]
     if not candidates:
         return Placement(Outcome.NO_CAPABLE_NODE, (), _no_capable_message(need, states), ranked)
     partial = (

@@ -465,6 +465,18 @@ def test_a_request_larger_than_any_node_names_the_largest_nodes_capacity(need, w
     assert {v.reason_code for v in placement.verdicts} == {ReasonCode.TOO_SMALL}
 
 
+def test_a_small_dead_node_reports_dead_and_a_fleet_of_them_is_still_not_capable():
+    # leases/store.py probes with a 1 MiB need to find dead and draining nodes; a 4 GiB demo node cannot hold
+    # even that after its reserve, but it must still answer "dead" or the slot table would keep offering it.
+    tiny = node("tiny", 7, status="dead", mem_total_mib=4096)
+    assert assess(tiny, Need(1)).reason_code == ReasonCode.DEAD
+    # Waiting for morpheus to come back will not make it hold 32 GiB: permanent, whatever the first reason says.
+    placement = place([morpheus(status="dead"), tiny], Need(32768))
+    assert [v.reason_code for v in placement.verdicts] == [ReasonCode.DEAD, ReasonCode.DEAD]
+    assert placement.outcome == Outcome.NO_CAPABLE_NODE
+    assert "the largest, morpheus" in placement.message
+
+
 def test_a_node_too_small_even_when_empty_says_so_with_its_limits():
     # morpheus: 31757 - 4096 host reserve - 4314 remembered idle = 23347 MiB is the most one instance can get.
     verdict = assess(morpheus(mem_total_mib=31757, idle_baseline_mib=4314), Need(24576))
