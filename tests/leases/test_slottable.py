@@ -568,3 +568,31 @@ def test_thousands_of_reservations_added_out_of_order_keep_changepoints_and_wind
     assert table.changepoints(100.0, until=2000.0) == [p for p in points if 100 < p <= 2000]
     window = sorted((r for r in kept.values() if r.overlaps(1200.0, 1400.0)), key=lambda r: (r.start, r.rid))
     assert table.reservations(1200.0, 1400.0) == window
+
+
+@pytest.mark.parametrize(
+    ("ask", "expected"),
+    [
+        # Forty short quarter-node reservations with 5 s gaps, then the whole node taken at 1000-1100: answers
+        # lie past the first few segments, where the table looks first.
+        (lambda t: t.fits_until(1, H, 0.0), 1000.0),
+        (lambda t: t.earliest_fit(1, F, 6.0, 0.0), 395.0),
+        (lambda t: t.earliest_fit(1, F, 5.0, 0.0), 5.0),
+        (lambda t: t.earliest_fit(1, F, 700.0, 0.0), 1100.0),
+        (lambda t: t.fits(1, Res(cpu=76), 0.0, 1000.0), False),
+    ],
+)
+def test_answers_far_beyond_the_first_segments_are_found(ask, expected):
+    table = SlotTable({1: F})
+    for i in range(40):
+        table.add(Reservation(i, i, "vm", i * 10.0, i * 10.0 + 5, {1: Q}))
+    table.add(Reservation(99, 99, "vm", 1000.0, 1100.0, {1: F}))
+    assert ask(table) == expected
+
+
+def test_nothing_can_start_after_a_reservation_that_never_ends():
+    table = SlotTable({1: F})
+    table.add(Reservation(1, 1, "vm", at("13:00"), math.inf, {1: F}))
+    assert table.earliest_fit(1, Q, 60, at("12:30")) == at("12:30")  # a minute fits before 13:00
+    assert table.earliest_fit(1, Q, 3600, at("12:30")) is None
+    assert table.fits_until(1, Q, at("12:00")) == at("13:00")
