@@ -43,13 +43,16 @@ NODE_FIELDS = (
 )
 
 
-def snapshot(now: datetime, nodes: Sequence[Node] | None = None) -> list[capacity.NodeState]:
-    """The whole fleet (or the given rows) as plain values, with commitments from every claim provider."""
+def snapshot(
+    now: datetime, nodes: Sequence[Node] | None = None, *, with_claims: bool = True
+) -> list[capacity.NodeState]:
+    """The whole fleet (or the given rows) as plain values, with commitments from every claim provider (skip them
+    with `with_claims=False` when only liveness matters: they are the expensive part)."""
     rows = list(nodes) if nodes is not None else list(Node.objects.only(*NODE_FIELDS).order_by("id"))
     ids = [n.pk for n in rows]
     running: dict[int, list[capacity.Claim]] = {}
     pending: dict[int, list[capacity.Claim]] = {}
-    for provider in _claim_providers:
+    for provider in _claim_providers if with_claims else ():
         for node_id, (run, pend) in provider(now, ids).items():
             running.setdefault(node_id, []).extend(run)
             pending.setdefault(node_id, []).extend(pend)

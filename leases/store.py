@@ -7,13 +7,13 @@ same transaction. Because the decision and its commit are one serialised step, t
 the tick) can never both take the last free capacity of a node: the second one plans on the first one's result.
 
 The Scheduler is cached per process and reused while the database's version is the one it planned: a reload costs
-one read of every live lease, so a burst of submissions to one process does not pay it each time.
+one read of every live lease, so a burst of submissions to one process does not pay it each time. Only the holder of
+the plan lock touches the cached object, so threads of one process can share it.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -122,7 +122,11 @@ class _Cached:
     scheduler: Scheduler
 
 
-_cache = threading.local()
+class _Cache:
+    value: _Cached | None = None
+
+
+_cache = _Cache()
 
 
 def fleet_fingerprint(nodes: list[Node]) -> tuple:
@@ -151,7 +155,7 @@ def excluded_nodes(now: datetime, nodes: list[Node]) -> dict[int, str]:
     """Nodes the placer finds unusable right now (draining, offline, dead, stale or unreadable health)."""
     out: dict[int, str] = {}
     probe = capacity.Need(mem_mib=1)
-    for state in snapshot(now, nodes):
+    for state in snapshot(now, nodes, with_claims=False):
         verdict = capacity.assess(state, probe, health_max_age_s=settings.SLOTKEEPER["HEALTH_MAX_AGE_S"])
         if not verdict.fit and verdict.reason_code in LIVENESS_CODES:
             out[state.id] = f"{verdict.reason_code}: {verdict.reason}"
