@@ -18,6 +18,7 @@ from bisect import insort
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
+from functools import lru_cache
 
 from leases.lifecycle import LeaseState, lease_transition
 from leases.slottable import Res, Reservation, SlotTable
@@ -296,6 +297,7 @@ class Scheduler:
         self._views: dict[float, dict[int, tuple[int, float]]] = {}
         self._fit_memo: dict[tuple[int, Res, float], float] = {}
         self._room: dict[tuple[float, Res], int] = {}
+        self._full: dict[float, bool] = {}
 
     # -- public API ----------------------------------------------------------------------------------------
 
@@ -347,6 +349,7 @@ class Scheduler:
         """Apply every reservation start/end and early end at or before `now`, in time order, then the queue."""
         if (excluded or {}) != self._excluded:
             self._room.clear()
+            self._full.clear()
         self._excluded = excluded or {}
         if now > self._now:
             self._free.clear()
@@ -495,7 +498,10 @@ class Scheduler:
         self._queue = waiting
 
     def _cpu_full(self, now: float) -> bool:
-        return all(self._free_at(n, now).cpu <= 0 for n in self._usable_nodes())
+        full = self._full.get(now)
+        if full is None:
+            full = self._full[now] = all(self._free_at(n, now).cpu <= 0 for n in self._usable_nodes())
+        return full
 
     def _free_at(self, node: int, t: float) -> Res:
         free = self._free.setdefault(t, {})
@@ -542,7 +548,7 @@ class Scheduler:
 
         Without it a long queue re-runs the full mapper over every node at every event (the 30-day Blue
         Horizon replay spent most of its time there)."""
-        smallest = Res(*(min(getattr(v, f.name) for v in req.vnodes) for f in fields(Res)))
+        smallest = _smallest(req.vnodes)
         if only is None:
             key = (now, smallest)
             room = self._room.get(key)
@@ -860,8 +866,13 @@ class Scheduler:
             return nodes
         # A node where not even the smallest vnode fits at `start` can take nothing, so it is left out before
         # scoring: on a busy fleet this skips most of the per-node work of every mapping attempt.
-        smallest = Res(*(min(getattr(v, f.name) for v in req.vnodes) for f in fields(Res)))
-        nodes = [n for n in nodes if self._fits_until(table, n, smallest, start) > start]
+        smallest = _smallest(req.vnodes)
+        free = (
+            (lambda n: self._free_at(n, start))
+            if table is self.table
+            else (lambda n: table.available_at(n, start))
+        )
+        nodes = [n for n in nodes if smallest.fits_in(free(n))]
 
         def score(node: int) -> float:
             leases, change = (
@@ -1044,10 +1055,13 @@ class Scheduler:
 
     def _touch(self, nodes: Iterable[int]) -> None:
         for node in nodes:
-            for cache in (*self._free.values(), *self._views.values()):
-                cache.pop(node, None)
+            for free in self._free.values():
+                free.pop(node, None)
+            for view in self._views.values():
+                view.pop(node, None)
         self._fit_memo.clear()
         self._room.clear()
+        self._full.clear()
 
     def _journal(self, now: float, r: ReservationRecord, what: str) -> None:
         snapshot = replace(r, nodes=dict(r.nodes), sources=dict(r.sources))
@@ -1184,10 +1198,20 @@ class Scheduler:
 
 def _copies(unit: Res, free: Res) -> int:
     """How many `unit`s fit in `free` (a large number when the unit asks for nothing)."""
-    counts = [
-        getattr(free, f.name) // getattr(unit, f.name) for f in fields(Res) if getattr(unit, f.name) > 0
-    ]
-    return max(0, min(counts)) if counts else 1 << 30
+    best = 1 << 30
+    for have, want in ((free.cpu, unit.cpu), (free.mem, unit.mem), (free.disk, unit.disk)):
+        if want > 0:
+            best = min(best, have // want)
+    for have, want in ((free.net_in, unit.net_in), (free.net_out, unit.net_out)):
+        if want > 0:
+            best = min(best, have // want)
+    return max(0, best)
+
+
+@lru_cache(maxsize=4096)
+def _smallest(vnodes: tuple[Res, ...]) -> Res:
+    """The component-wise minimum of a lease's vnodes: no vnode can go where this does not fit."""
+    return Res(*(min(getattr(v, f.name) for v in vnodes) for f in fields(Res)))
 
 
 def _packs(vnodes: Sequence[Res], capacities: list[Res]) -> bool:
