@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from fleet import actions
 from fleet.models import Node
-from slotkeeper.management.commands.issue_token import grant_role
+from slotkeeper.management.commands.issue_token import grant_role, issue
 
 DEMO_DIR = Path(settings.BASE_DIR) / ".demo"
 
@@ -77,12 +77,14 @@ class Command(BaseCommand):
             urllib.request.urlopen(f"{server}/healthz", timeout=5).read()  # noqa: S310 (our own loopback URL)
             if not no_agents:
                 self.start_agents(server, tokens, stop)
+                threading.Thread(target=submit_demo_leases, args=(server, stop), daemon=True).start()
             self.stdout.write(
                 self.style.SUCCESS(
                     f"\nSlotkeeper is running: {server}/\n"
                     f"  sign in as  admin / {password}\n"
                     f"  API docs    {server}/api/docs/   admin {server}/admin/\n"
-                    f"  {len(tokens)} simulated agents heartbeat every 5 s. Ctrl-C stops everything.\n"
+                    f"  {len(tokens)} simulated agents heartbeat every 5 s; a demo integration submits leases.\n"
+                    f"  Ctrl-C stops everything.\n"
                 )
             )
             while not stop.is_set() and daphne.poll() is None:
@@ -163,3 +165,41 @@ class Command(BaseCommand):
         from fleet.agent.main import run_simulated_agents
 
         run_simulated_agents(server, tokens, stop, interval=5.0, work_root=DEMO_DIR / "agents")
+
+
+def submit_demo_leases(server: str, stop: threading.Event, every_s: float = 8.0) -> None:
+    """A demo integration: submits a mix of best-effort, advance-reservation and immediate leases through the real
+    API, so the slot table has something to show. Runs until `stop` is set."""
+    import random
+    from datetime import UTC, datetime, timedelta
+
+    import requests
+
+    token = issue("demo-integration", "operator", "demo lease generator")
+    session = requests.Session()
+    session.headers["Authorization"] = f"Bearer {token}"
+    rng = random.Random()
+    n = 0
+    stop.wait(10)  # let the agents' first heartbeats land, or every node would still be stale
+    while not stop.is_set():
+        n += 1
+        kind = rng.choices(["best_effort", "advance_reservation", "immediate"], [6, 2, 1])[0]
+        duration = rng.choice([120, 300, 600, 1200])
+        body = {
+            "name": f"demo-{n}",
+            "type": kind,
+            "duration_s": duration,
+            "nodes": [
+                {"cpu_cores": rng.choice([1, 2, 4]), "mem_mib": rng.choice([2048, 4096, 8192]), "disk_gib": 5}
+            ]
+            * rng.randint(1, 3),
+            "real_duration_s": duration * rng.uniform(0.5, 1.0) if rng.random() < 0.3 else None,
+        }
+        if kind == "advance_reservation":
+            start = datetime.now(UTC) + timedelta(minutes=rng.randint(5, 90))
+            body["start"] = start.replace(second=0, microsecond=0).isoformat()
+        try:
+            session.post(f"{server}/api/leases/", json=body, timeout=10)
+        except requests.RequestException:
+            pass  # the server may be shutting down; the loop ends with `stop`
+        stop.wait(every_s)
