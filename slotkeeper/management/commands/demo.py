@@ -4,6 +4,7 @@ everything it started."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -198,8 +199,7 @@ def submit_demo_leases(server: str, stop: threading.Event, every_s: float = 8.0)
         if kind == "advance_reservation":
             start = datetime.now(UTC) + timedelta(minutes=rng.randint(5, 90))
             body["start"] = start.replace(second=0, microsecond=0).isoformat()
-        try:
+        # The server may be shutting down; the loop ends with `stop`.
+        with contextlib.suppress(requests.RequestException):
             session.post(f"{server}/api/leases/", json=body, timeout=10)
-        except requests.RequestException:
-            pass  # the server may be shutting down; the loop ends with `stop`
         stop.wait(every_s)
