@@ -532,32 +532,28 @@ class Scheduler:
         )
         only = set(rec.images.values()) if resuming and self.config.migration == "no" else None
         threshold = self._threshold(req, resuming)
-        if not self._could_start(req, now, only):
-            candidates: list[float] = []
-        else:
-            candidates = [now]
-        plan = self._first_fit(rec, candidates, now, duration, threshold, strict, only)
+        plan = self._first_fit(rec, [now], now, duration, threshold, strict, only)
         if plan is None and allow_future:
             plan = self._first_fit(rec, self._future_points(now), now, duration, threshold, strict, only)
             if plan is not None:
                 plan.in_future = True
         return plan
 
-    def _could_start(self, req: LeaseRequest, now: float, only: set[int] | None) -> bool:
-        """A cheap necessary condition for starting at `now`: enough copies of the smallest vnode fit now.
+    def _could_start(self, req: LeaseRequest, at: float, only: set[int] | None) -> bool:
+        """A cheap necessary condition for starting at an instant: enough copies of the smallest vnode fit then.
 
         Without it a long queue re-runs the full mapper over every node at every event (the 30-day Blue
         Horizon replay spent most of its time there)."""
         smallest = _smallest(req.vnodes)
         if only is None:
-            key = (now, smallest)
+            key = (at, smallest)
             room = self._room.get(key)
             if room is None:
                 room = self._room[key] = sum(
-                    _copies(smallest, self._free_at(n, now)) for n in self._usable_nodes()
+                    _copies(smallest, self._free_at(n, at)) for n in self._usable_nodes()
                 )
         else:
-            room = sum(_copies(smallest, self._free_at(n, now)) for n in self._usable_nodes() if n in only)
+            room = sum(_copies(smallest, self._free_at(n, at)) for n in self._usable_nodes() if n in only)
         return room >= len(req.vnodes)
 
     def _future_points(self, now: float) -> list[float]:
@@ -585,6 +581,8 @@ class Scheduler:
         only: set[int] | None,
     ) -> _Plan | None:
         for start in candidates:
+            if not self._could_start(rec.request, start, only):
+                continue
             plan = self._plan_at(rec, start, now, duration, threshold, strict, only)
             if plan is not None:
                 return plan
