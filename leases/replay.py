@@ -124,7 +124,8 @@ def replay(
             check_invariants(sched)
         if progress:
             progress(t, i, len(pending))
-    check_invariants(sched, final=True) if check else None
+    if check:
+        check_invariants(sched, final=True)
     return ReplayResult(trace, sched, metrics(sched), steps)
 
 
