@@ -16,7 +16,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 
 from fleet.models import HealthSample, Node, NodeStatus
-from fleet.signals import nodes_died
+from fleet.signals import instances_reported, nodes_died
 from slotkeeper import audit, events
 from slotkeeper.domain import DomainError, NotFound
 from slotkeeper.models import hash_token, new_token
@@ -158,6 +158,7 @@ def do_heartbeat(node: Node, report: HealthReport, *, now: datetime) -> Node:
             _bring_back(node, now)
         for field, value in fields.items():
             setattr(node, field, value)
+        instances_reported.send(sender=Node, node=node, reports=instances, now=now)
         events.send_on_commit("node-changed", node=node.pk)
     return node
 

@@ -4,3 +4,6 @@ from django.dispatch import Signal
 
 # Sent inside the transaction that marked the nodes dead; kwargs: node_ids (list[int]), now, reason.
 nodes_died = Signal()
+
+# Sent inside the heartbeat's transaction; kwargs: node (Node), reports (list of instance dicts), now.
+instances_reported = Signal()

@@ -4,13 +4,13 @@ transaction, one lock, an audit row, events after commit."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from fleet.models import PlacementReport
 from leases import store
 from leases.lifecycle import IllegalTransition
-from leases.models import Lease, LeaseType
+from leases.models import Group, Lease, LeaseType
 from leases.scheduler import Decision
 from slotkeeper import audit, events, metrics
 from slotkeeper.audit import actor_label
@@ -29,6 +29,9 @@ class LeaseSpec:
     capabilities: tuple[str, ...] = ()
     preemptible: bool = True
     real_duration_s: float | None = None
+    groups: tuple[str, ...] = ()
+    # Instance policy: migratable, restart_policy, max_reschedules, auto_approve_reschedules, driver, spec.
+    policy: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -60,8 +63,15 @@ def do_submit_lease(actor, spec: LeaseSpec, *, now: datetime) -> Submitted:
             preemptible=spec.preemptible,
             real_duration_s=spec.real_duration_s,
             submitted_by=actor if getattr(actor, "pk", None) else None,
+            **spec.policy,
         )
-        excluded = {**plan.excluded, **_missing_capabilities(plan, spec.capabilities)}
+        if spec.groups:
+            lease.groups.set(Group.objects.filter(name__in=spec.groups))
+        excluded = {
+            **plan.excluded,
+            **_missing_capabilities(plan, spec.capabilities),
+            **_group_exclusions(lease),
+        }
         decision = plan.scheduler.submit(store.request_of(lease), plan.t, excluded)
         lease.message = decision.message
         lease.save(update_fields=["message"])
@@ -88,6 +98,29 @@ def _missing_capabilities(plan: store.Planning, needed) -> dict[int, str]:
         for n in plan.nodes
         if not need <= set(n.capabilities)
     }
+
+
+def _group_exclusions(lease: Lease) -> dict[int, str]:
+    """Nodes the lease's hard group rules forbid, with the rule's sentence (the scheduler maps around them)."""
+    from leases.recovery import group_views
+
+    out: dict[int, str] = {}
+    for view in group_views(lease, exclude_instance=None):
+        g = view.group
+        if not g.hard or not view.members:
+            continue
+        if g.policy == "anti_affinity":
+            for node_id, iids in view.members.items():
+                if len(iids) >= g.max_per_node:
+                    out[node_id] = (
+                        f"anti_affinity: group {g.name} already has instance {', '.join(iids[:3])} here"
+                    )
+        else:
+            from fleet.models import Node
+
+            for node_id in Node.objects.exclude(pk__in=list(view.members)).values_list("id", flat=True):
+                out[node_id] = f"affinity: group {g.name} keeps its members on the nodes where they run"
+    return out
 
 
 def _report(plan: store.Planning, lease: Lease, decision: Decision, actor) -> PlacementReport:
@@ -142,36 +175,34 @@ def tick(now: datetime) -> None:
     """Starts and ends due reservations, processes the queue and re-evaluates (the periodic work)."""
     with store.planning(now) as plan:
         plan.scheduler.advance(plan.t, plan.excluded)
+    from leases.recovery import supervise
+
+    supervise(now)
 
 
 def claims(now: datetime, node_ids) -> dict[int, tuple[tuple, tuple]]:
-    """Reservations in force count as commitments for the placer: running when active, pending when scheduled."""
+    """Commitments for the placer, by identity: an instance the agent runs is running; one placed but not yet
+    started is pending (seed 001: the two are unioned by id, so a booted instance is never counted twice)."""
     from fleet.capacity import Claim
-    from leases.models import Allocation
+    from leases.models import Instance
+    from leases.recovery import LIVE
 
     out: dict[int, tuple[list, list]] = {}
     rows = (
-        Allocation.objects.filter(node_id__in=node_ids, live=True, start__lte=now, end__gt=now)
-        .select_related("reservation")
-        .only(
-            "node_id",
-            "mem_mib",
-            "disk_gib",
-            "cpu",
-            "reservation__lease_id",
-            "reservation__status",
-            "reservation__kind",
-        )
+        Instance.objects.filter(node_id__in=node_ids, state__in=LIVE)
+        .select_related("lease")
+        .only("iid", "node_id", "vnode", "state", "lease__vnodes")
     )
-    for a in rows:
-        running, pending = out.setdefault(a.node_id, ([], []))
+    for inst in rows:
+        v = inst.lease.vnodes[inst.vnode - 1]
         claim = Claim(
-            id=f"{a.reservation.lease_id}-{a.reservation.kind}-{a.reservation_id}",
-            mem_mib=a.mem_mib,
-            disk_gib=a.disk_gib,
-            cpu_cores=a.cpu / 100,
+            id=inst.iid,
+            mem_mib=int(v["mem_mib"]),
+            disk_gib=int(v.get("disk_gib", 0)),
+            cpu_cores=float(v.get("cpu_cores", 0)),
         )
-        (running if a.reservation.status == "active" else pending).append(claim)
+        running, pending = out.setdefault(inst.node_id, ([], []))
+        (running if inst.state == "running" else pending).append(claim)
     return {k: (tuple(r), tuple(p)) for k, (r, p) in out.items()}
 
 

@@ -5,13 +5,30 @@ class LeasesConfig(AppConfig):
     name = "leases"
 
     def ready(self):
+        from fleet.assignments import register_assignment_provider
         from fleet.placement import register_claim_provider
-        from leases import actions
+        from fleet.signals import instances_reported, nodes_died
+        from leases import actions, recovery
         from slotkeeper import metrics, periodic
 
         register_claim_provider(actions.claims)
+        register_assignment_provider(recovery.assignments)
+        nodes_died.connect(_on_nodes_died, dispatch_uid="leases.nodes_died")
+        instances_reported.connect(_on_reports, dispatch_uid="leases.instances_reported")
         periodic.register("leases.tick", actions.tick)
         metrics.register_gauges(lease_gauges)
+
+
+def _on_nodes_died(sender, node_ids, now, reason="", **kwargs):
+    from leases.recovery import on_nodes_died
+
+    on_nodes_died(node_ids, now, reason)
+
+
+def _on_reports(sender, node, reports, now, **kwargs):
+    from leases.recovery import ingest_reports
+
+    ingest_reports(node, reports, now)
 
 
 def lease_gauges():

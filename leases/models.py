@@ -6,7 +6,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import F, Q
 
-from leases.lifecycle import LEASE_BADGES, LeaseState
+from leases.lifecycle import INSTANCE_BADGES, LEASE_BADGES, InstanceState, LeaseState
 
 LEASE_STATE_CHOICES = [(s.value, s.value.replace("_", " ")) for s in LeaseState]
 
@@ -63,6 +63,16 @@ class Lease(models.Model):
     images = models.JSONField(default=dict, blank=True)
     message = models.TextField(blank=True)
     version = models.PositiveIntegerField(default=1)
+
+    # Instance policy (seed 003): restarts, reschedules, and what the agent runs.
+    migratable = models.BooleanField(default=True)
+    restart_policy = models.JSONField(default=dict, blank=True)
+    max_reschedules = models.PositiveIntegerField(default=5)
+    auto_approve_reschedules = models.BooleanField(default=False)
+    driver = models.CharField(max_length=16, default="sim")
+    spec = models.JSONField(
+        default=dict, blank=True, help_text="driver spec: command, env, cwd, stop_grace_s"
+    )
 
     class Meta:
         ordering = ["-submitted_at", "-id"]
@@ -151,3 +161,176 @@ class SchedulerState(models.Model):
 
     def __str__(self) -> str:
         return f"scheduler state v{self.version}"
+
+
+INSTANCE_STATE_CHOICES = [(s.value, s.value) for s in InstanceState]
+
+
+class Instance(models.Model):
+    """One vnode of a lease placed on one node. `generation` rises with every restart and every reschedule, so the
+    agent can tell a fresh start from the instance it already ran (it never runs the same generation twice)."""
+
+    iid = models.CharField(max_length=64, unique=True)
+    lease = models.ForeignKey(Lease, on_delete=models.CASCADE, related_name="instances")
+    vnode = models.PositiveIntegerField()
+    generation = models.PositiveIntegerField(default=0)
+    node = models.ForeignKey("fleet.Node", null=True, on_delete=models.SET_NULL, related_name="instances")
+    state = models.CharField(max_length=16, choices=INSTANCE_STATE_CHOICES, db_index=True)
+    desired_state = models.CharField(max_length=16, default="running")
+    created_at = models.DateTimeField()
+    state_changed_at = models.DateTimeField()
+    restart_not_before = models.DateTimeField(null=True, blank=True)
+    last_exit_code = models.IntegerField(null=True, blank=True)
+    log_tail = models.JSONField(default=list, blank=True)
+    detail = models.TextField(blank=True)
+    # Set when this instance was created by a reschedule: the one it replaced.
+    replaces = models.OneToOneField(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="replaced_by"
+    )
+
+    class Meta:
+        ordering = ["lease_id", "vnode", "-generation"]
+        indexes = [models.Index(fields=["node", "state"], name="instance_node_state_idx")]
+
+    def __str__(self) -> str:
+        return self.iid
+
+    @property
+    def badge(self) -> str:
+        return INSTANCE_BADGES[InstanceState(self.state)]
+
+
+class InstanceEvent(models.Model):
+    """An instance's state history."""
+
+    instance = models.ForeignKey(Instance, on_delete=models.CASCADE, related_name="events")
+    at = models.DateTimeField()
+    from_state = models.CharField(max_length=16)
+    to_state = models.CharField(max_length=16)
+    reason = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.instance_id}: {self.from_state} → {self.to_state}"
+
+
+class RestartDecisionKind(models.TextChoices):
+    RESTART = "restart", "restart now"
+    WAIT = "wait", "wait"
+    EXHAUSTED = "exhausted", "exhausted"
+
+
+class RestartRecord(models.Model):
+    """Every restart decision: when, which attempt, why, what was decided, and when it may go next."""
+
+    instance = models.ForeignKey(Instance, on_delete=models.CASCADE, related_name="restarts")
+    at = models.DateTimeField()
+    attempt = models.PositiveIntegerField()
+    reason = models.TextField()
+    decision = models.CharField(max_length=16, choices=RestartDecisionKind.choices)
+    next_eligible_at = models.DateTimeField(null=True, blank=True)
+    explanation = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.instance_id} attempt {self.attempt}: {self.decision}"
+
+
+class GroupPolicy(models.TextChoices):
+    AFFINITY = "affinity", "affinity"
+    ANTI_AFFINITY = "anti_affinity", "anti-affinity"
+
+
+class Group(models.Model):
+    """An affinity or anti-affinity set of leases: the rule applies to the instances of every member lease."""
+
+    name = models.SlugField(max_length=100, unique=True)
+    policy = models.CharField(max_length=16, choices=GroupPolicy.choices)
+    hard = models.BooleanField(default=True)
+    max_per_node = models.PositiveIntegerField(
+        default=1, help_text="anti-affinity: members allowed on one node"
+    )
+    leases = models.ManyToManyField(Lease, related_name="groups", blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(condition=Q(max_per_node__gte=1), name="group_max_per_node_positive")
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class RescheduleStatus(models.TextChoices):
+    PENDING = "pending", "pending"
+    APPLIED = "applied", "applied"
+    REJECTED = "rejected", "rejected"
+
+
+class Reschedule(models.Model):
+    """A proposal to move a lost (or drained) instance to another node, waiting for an operator (or auto-approved).
+
+    `version` rises whenever the proposal is re-planned, so an approval made against an older view gets 412.
+    """
+
+    instance = models.ForeignKey(Instance, on_delete=models.CASCADE, related_name="reschedules")
+    lease = models.ForeignKey(Lease, on_delete=models.CASCADE, related_name="reschedules")
+    status = models.CharField(
+        max_length=16, choices=RescheduleStatus.choices, default=RescheduleStatus.PENDING, db_index=True
+    )
+    cause = models.CharField(max_length=32, default="node_dead")
+    proposed_node = models.ForeignKey(
+        "fleet.Node", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    report = models.ForeignKey("fleet.PlacementReport", null=True, blank=True, on_delete=models.SET_NULL)
+    blocked_by = models.CharField(
+        max_length=32, blank=True, help_text="why it is not applied yet: a reason code"
+    )
+    message = models.TextField(blank=True)
+    version = models.PositiveIntegerField(default=1)
+    created_at = models.DateTimeField()
+    decided_at = models.DateTimeField(null=True, blank=True)
+    decided_by = models.CharField(max_length=150, blank=True)
+    new_instance = models.OneToOneField(
+        Instance, null=True, blank=True, on_delete=models.SET_NULL, related_name="created_by_reschedule"
+    )
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            # One open proposal per lost instance, however many sweeps or declare-deads see it.
+            models.UniqueConstraint(
+                fields=["instance"], condition=Q(status="pending"), name="one_pending_reschedule_per_instance"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"reschedule {self.pk} of {self.instance_id} ({self.status})"
+
+
+class Alert(models.Model):
+    """Something an operator should look at: a held instance, a failed placement, a stale node."""
+
+    kind = models.CharField(max_length=32, db_index=True)
+    message = models.TextField()
+    created_at = models.DateTimeField(db_index=True)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    lease = models.ForeignKey(Lease, null=True, blank=True, on_delete=models.CASCADE, related_name="alerts")
+    instance = models.ForeignKey(
+        Instance, null=True, blank=True, on_delete=models.CASCADE, related_name="alerts"
+    )
+    node = models.ForeignKey(
+        "fleet.Node", null=True, blank=True, on_delete=models.CASCADE, related_name="alerts"
+    )
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.message[:60]}"

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from django.conf import settings
@@ -35,7 +35,7 @@ from leases.models import (
     SchedulerState,
 )
 from leases.scheduler import Change, LeaseRecord, LeaseRequest, ReservationRecord, Scheduler, SchedulerConfig
-from leases.slottable import Res
+from leases.slottable import Overcommit, Res
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +224,21 @@ def apply(sched: Scheduler, changes: list[Change]) -> set[int]:
             _write_reservation(sched, change)
     if touched:
         _sync_leases(sched, touched)
+        _sync_instances(sched, touched, changes)
     return touched
+
+
+def _sync_instances(sched: Scheduler, touched: set[int], changes: list[Change]) -> None:
+    from leases.recovery import sync_lease_instances
+
+    when = max(c.at for c in changes)
+    for lease_id in sorted(touched):
+        rec = sched.leases.get(lease_id)
+        if rec is None:
+            continue
+        vm = rec.current_vm()
+        nodes = dict(vm.nodes) if vm is not None and vm.status == "active" else None
+        sync_lease_instances(lease_id, rec.state, nodes, from_epoch(when))
 
 
 def _write_state(change: Change) -> None:
@@ -251,21 +265,63 @@ def _write_reservation(sched: Scheduler, change: Change) -> None:
     row, created = Reservation.objects.update_or_create(rid=r.rid, defaults=fields)
     live = r.status in LIVE_RESERVATION_STATUSES
     if created:
-        Allocation.objects.bulk_create(
-            Allocation(
-                reservation=row,
-                node_id=node_id,
-                start=row.start,
-                end=row.end,
-                live=live,
-                cpu=res.cpu,
-                mem_mib=res.mem,
-                disk_gib=res.disk,
-            )
-            for node_id, res in sched.alloc_of(rec, r).items()
-        )
+        _create_allocations(sched, rec, r, row, live)
+    elif set(Allocation.objects.filter(reservation=row).values_list("node_id", flat=True)) != set(
+        r.nodes.values()
+    ):
+        # A vnode moved (a reschedule): the per-node rows follow it.
+        Allocation.objects.filter(reservation=row).delete()
+        _create_allocations(sched, rec, r, row, live)
     else:
         Allocation.objects.filter(reservation=row).update(start=row.start, end=row.end, live=live)
+
+
+def _create_allocations(
+    sched: Scheduler, rec: LeaseRecord, r: ReservationRecord, row: Reservation, live: bool
+):
+    Allocation.objects.bulk_create(
+        Allocation(
+            reservation=row,
+            node_id=node_id,
+            start=row.start,
+            end=row.end,
+            live=live,
+            cpu=res.cpu,
+            mem_mib=res.mem,
+            disk_gib=res.disk,
+        )
+        for node_id, res in sched.alloc_of(rec, r).items()
+    )
+
+
+def move_vnode(plan: Planning, lease_id: int, vnode: int, old_node: int, new_node: int) -> bool:
+    """Moves one vnode's share of a lease's live reservations from `old_node` to `new_node` in the slot table (a
+    reschedule). All or nothing: if any reservation would overcommit the new node, nothing moves."""
+    sched = plan.scheduler
+    sched.advance(plan.t, plan.excluded)  # retire what is already over, so only live rows are compared
+    rec = sched.leases.get(lease_id)
+    if rec is None:
+        return False
+    moved: list[tuple[ReservationRecord, dict[int, int]]] = []
+    for r in rec.chain():
+        if r.nodes.get(vnode) != old_node:
+            continue
+        before = dict(r.nodes)
+        r.nodes[vnode] = new_node
+        try:
+            sched.table.replace(replace(sched.table.get(r.rid), alloc=sched.alloc_of(rec, r)))
+        except Overcommit:
+            r.nodes.clear()
+            r.nodes.update(before)
+            for done, nodes in moved:
+                done.nodes.clear()
+                done.nodes.update(nodes)
+                sched.table.replace(replace(sched.table.get(done.rid), alloc=sched.alloc_of(rec, done)))
+            return False
+        moved.append((r, before))
+    for r, _ in moved:
+        sched._journal(plan.t, r, "reservation_changed")
+    return bool(moved)
 
 
 def _sync_leases(sched: Scheduler, lease_ids: set[int]) -> None:

@@ -7,8 +7,10 @@ from rest_framework.routers import DefaultRouter
 from fleet import views as fleet_views
 from fleet.api.views import NodeViewSet, PlacementPreviewView, PlacementReportViewSet
 from leases import views as lease_views
+from leases.api.recovery import AlertViewSet, GroupViewSet, InstanceViewSet, RescheduleViewSet
 from leases.api.views import LeaseViewSet, SlotsView
 from slotkeeper import ops
+from slotkeeper import views as console_views
 
 
 class Router(DefaultRouter):
@@ -26,23 +28,33 @@ router = Router()
 router.register("nodes", NodeViewSet, basename="node")
 router.register("placement/reports", PlacementReportViewSet, basename="placement-report")
 router.register("leases", LeaseViewSet, basename="lease")
+router.register("instances", InstanceViewSet, basename="instance")
+router.register("reschedules", RescheduleViewSet, basename="reschedule")
+router.register("groups", GroupViewSet, basename="group")
+router.register("alerts", AlertViewSet, basename="alert")
 
 api_urls = [
     path("placement/preview", PlacementPreviewView.as_view(), name="placement-preview"),
     path("slots/", SlotsView.as_view(), name="slots"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
-    path("", include(router.urls)),
+    # The router's names live in their own namespace ("api:node-detail"): un-namespaced, "node-detail" and
+    # "lease-detail" would shadow the console's pages of the same name, and every console link went to JSON.
+    path("", include((router.urls, "api"))),
 ]
 
 urlpatterns = [
     path("", fleet_views.board, name="fleet-board"),
     path("nodes/<int:node_id>/", fleet_views.node_detail, name="node-detail"),
     path("nodes/<int:node_id>/drain", fleet_views.drain, name="node-drain"),
+    path("nodes/<int:node_id>/drain/preview", fleet_views.drain_preview, name="node-drain-preview"),
+    path("nodes/<int:node_id>/declare-dead", fleet_views.declare_dead, name="node-declare-dead"),
     path("placement/<int:report_id>/", fleet_views.report_detail, name="placement-report"),
     path("slots/", lease_views.slot_table, name="slot-table"),
     path("leases/", lease_views.lease_list, name="lease-list"),
     path("leases/<int:lease_id>/", lease_views.lease_detail, name="lease-detail"),
+    path("audit/", console_views.audit_feed, name="audit-feed"),
+    path("audit.csv", console_views.audit_csv, name="audit-csv"),
     path("login/", auth_views.LoginView.as_view(template_name="login.html"), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

@@ -6,7 +6,7 @@ from django.utils import timezone
 from rest_framework import serializers
 
 from fleet.models import Node, PlacementReport
-from leases.models import Lease, LeaseEvent, LeaseType, Reservation
+from leases.models import Group, Lease, LeaseEvent, LeaseType, Reservation
 from slotkeeper.fields import CapabilityField, StrictFloatField, StrictIntegerField
 
 MAX_DURATION_S = 366 * 24 * 3600
@@ -18,6 +18,26 @@ class VNodeSerializer(serializers.Serializer):
     disk_gib = StrictIntegerField(min_value=0, required=False, default=0)
 
 
+class RestartPolicySerializer(serializers.Serializer):
+    max_restarts = StrictIntegerField(min_value=0, max_value=1000, required=False)
+    window_s = StrictFloatField(min_value=1, max_value=7 * 86400, required=False)
+    backoff_initial_s = StrictFloatField(min_value=0, max_value=3600, required=False)
+    backoff_max_s = StrictFloatField(min_value=0, max_value=86400, required=False)
+
+    def validate(self, attrs):
+        if attrs.get("backoff_initial_s", 1.0) > attrs.get("backoff_max_s", 30.0):
+            raise serializers.ValidationError({"backoff_max_s": "Must be at least backoff_initial_s."})
+        return attrs
+
+
+class DriverSpecSerializer(serializers.Serializer):
+    command = serializers.ListField(child=serializers.CharField(), required=False, max_length=200)
+    env = serializers.DictField(child=serializers.CharField(allow_blank=True), required=False)
+    cwd = serializers.CharField(required=False, allow_null=True)
+    stop_grace_s = StrictFloatField(min_value=0, max_value=3600, required=False)
+    sim = serializers.DictField(required=False)
+
+
 class LeaseCreateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=200)
     type = serializers.ChoiceField(choices=LeaseType.choices)
@@ -26,6 +46,13 @@ class LeaseCreateSerializer(serializers.Serializer):
     nodes = VNodeSerializer(many=True, allow_empty=False, max_length=1000)
     capabilities = serializers.ListField(child=CapabilityField(), required=False, default=list, max_length=50)
     preemptible = serializers.BooleanField(required=False, default=True)
+    groups = serializers.ListField(child=serializers.SlugField(), required=False, default=list, max_length=20)
+    migratable = serializers.BooleanField(required=False, default=True)
+    restart_policy = RestartPolicySerializer(required=False, default=dict)
+    max_reschedules = StrictIntegerField(min_value=0, max_value=1000, required=False, default=5)
+    auto_approve_reschedules = serializers.BooleanField(required=False, default=False)
+    driver = serializers.ChoiceField(choices=["sim", "process"], required=False, default="sim")
+    spec = DriverSpecSerializer(required=False, default=dict)
     real_duration_s = StrictFloatField(
         min_value=0,
         required=False,
@@ -44,6 +71,14 @@ class LeaseCreateSerializer(serializers.Serializer):
         elif attrs["start"] is not None:
             raise serializers.ValidationError({"start": "Only an advance reservation takes a start time."})
         self._check_sizes(attrs["nodes"])
+        missing = sorted(
+            set(attrs["groups"])
+            - set(Group.objects.filter(name__in=attrs["groups"]).values_list("name", flat=True))
+        )
+        if missing:
+            raise serializers.ValidationError({"groups": f"Unknown group(s): {', '.join(missing)}."})
+        if attrs["driver"] == "process" and not attrs["spec"].get("command"):
+            raise serializers.ValidationError({"spec": "The process driver needs a command."})
         return attrs
 
     def _check_sizes(self, vnodes):
@@ -133,8 +168,17 @@ class LeaseSerializer(serializers.ModelSerializer):
             "run_time_s",
             "lost_run_time_s",
             "message",
+            "migratable",
+            "restart_policy",
+            "max_reschedules",
+            "auto_approve_reschedules",
+            "driver",
+            "spec",
+            "groups",
         ]
         read_only_fields = fields
+
+    groups = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
 
 
 class LeaseDetailSerializer(LeaseSerializer):

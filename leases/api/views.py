@@ -63,6 +63,15 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
             capabilities=tuple(data["capabilities"]),
             preemptible=data["preemptible"],
             real_duration_s=data["real_duration_s"],
+            groups=tuple(data["groups"]),
+            policy={
+                "migratable": data["migratable"],
+                "restart_policy": dict(data["restart_policy"]),
+                "max_reschedules": data["max_reschedules"],
+                "auto_approve_reschedules": data["auto_approve_reschedules"],
+                "driver": data["driver"],
+                "spec": dict(data["spec"]),
+            },
         )
         result = actions.do_submit_lease(request.user, spec, now=timezone.now())
         body = s.LeaseDetailSerializer(result.lease).data

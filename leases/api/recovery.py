@@ -1,0 +1,331 @@
+"""Instances, reschedules, groups and alerts over the API. Every write calls leases/recovery.py."""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils import timezone
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from leases import recovery
+from leases.lifecycle import IllegalTransition, InstanceState, instance_transition
+from leases.models import Alert, Group, GroupPolicy, Instance, InstanceEvent, Lease, Reschedule, RestartRecord
+from slotkeeper import audit
+from slotkeeper.auth import IsOperator, IsViewer
+from slotkeeper.domain import DomainError, NotFound
+
+
+class RestartRecordSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = RestartRecord
+        fields = ["at", "attempt", "reason", "decision", "next_eligible_at", "explanation"]
+        read_only_fields = fields
+
+
+class InstanceEventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = InstanceEvent
+        fields = ["at", "from_state", "to_state", "reason"]
+        read_only_fields = fields
+
+
+class InstanceSerializer(serializers.ModelSerializer):
+    node = serializers.CharField(source="node.name", default=None, read_only=True)
+
+    class Meta:
+        model = Instance
+        fields = [
+            "iid",
+            "lease",
+            "vnode",
+            "generation",
+            "node",
+            "node_id",
+            "state",
+            "desired_state",
+            "created_at",
+            "state_changed_at",
+            "restart_not_before",
+            "last_exit_code",
+            "log_tail",
+            "detail",
+        ]
+        read_only_fields = fields
+
+
+class InstanceDetailSerializer(InstanceSerializer):
+    restarts = RestartRecordSerializer(many=True, read_only=True)
+    history = InstanceEventSerializer(source="events", many=True, read_only=True)
+
+    class Meta(InstanceSerializer.Meta):
+        fields = [*InstanceSerializer.Meta.fields, "restarts", "history"]
+        read_only_fields = fields
+
+
+class TransitionSerializer(serializers.Serializer):
+    state = serializers.ChoiceField(choices=[s.value for s in InstanceState])
+    reason = serializers.CharField(max_length=300, required=False, allow_blank=True, default="")
+
+
+class InstanceViewSet(viewsets.ReadOnlyModelViewSet):
+    serializer_class = InstanceSerializer
+    lookup_field = "iid"
+    lookup_value_regex = r"[0-9]+-[0-9]+-[0-9]+"
+
+    def get_permissions(self):
+        return [IsOperator()] if self.action == "transition" else [IsViewer()]
+
+    def get_serializer_class(self):
+        return InstanceDetailSerializer if self.action == "retrieve" else InstanceSerializer
+
+    def get_queryset(self):
+        qs = Instance.objects.select_related("node").order_by("lease_id", "vnode", "-generation")
+        params = self.request.query_params
+        if node := params.get("node"):
+            qs = qs.filter(node__name=node) if not node.isdigit() else qs.filter(node_id=int(node))
+        if lease := params.get("lease"):
+            if not lease.isdigit():
+                raise serializers.ValidationError({"lease": "A lease id is a number."})
+            qs = qs.filter(lease_id=int(lease))
+        if state := params.get("state"):
+            qs = qs.filter(state__in=state.split(","))
+        if self.action == "retrieve":
+            qs = qs.prefetch_related("restarts", "events")
+        return qs
+
+    @extend_schema(
+        request=TransitionSerializer,
+        responses={200: InstanceDetailSerializer, 409: OpenApiResponse(description="illegal transition")},
+    )
+    @action(detail=True, methods=["post"])
+    def transition(self, request, iid=None):
+        data = TransitionSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        target, reason = data.validated_data["state"], data.validated_data["reason"]
+        now = timezone.now()
+        with transaction.atomic():
+            inst = Instance.objects.select_for_update().filter(iid=iid).first()
+            if inst is None:
+                raise NotFound(f"instance {iid} does not exist")
+            try:
+                instance_transition(inst.state, target, ident=inst.iid)
+            except IllegalTransition as exc:
+                raise DomainError(str(exc)) from None
+            recovery.step(
+                inst, InstanceState(target), now, reason or f"requested by {audit.actor_label(request.user)}"
+            )
+            if target in (InstanceState.STOPPING, InstanceState.REVOKED, InstanceState.STOPPED):
+                inst.desired_state = "stopped"
+                inst.save(update_fields=["desired_state"])
+            audit.record(
+                at=now,
+                actor=request.user,
+                action="instance.transition",
+                target=inst,
+                reason=reason,
+                details={"to": target},
+            )
+        return Response(InstanceDetailSerializer(Instance.objects.get(pk=inst.pk)).data)
+
+
+class RescheduleSerializer(serializers.ModelSerializer):
+    instance = serializers.CharField(source="instance.iid", read_only=True)
+    proposed_node = serializers.CharField(source="proposed_node.name", default=None, read_only=True)
+    verdicts = serializers.JSONField(source="report.verdicts", default=list, read_only=True)
+    new_instance = serializers.CharField(source="new_instance.iid", default=None, read_only=True)
+
+    class Meta:
+        model = Reschedule
+        fields = [
+            "id",
+            "instance",
+            "lease",
+            "status",
+            "cause",
+            "proposed_node",
+            "blocked_by",
+            "message",
+            "version",
+            "created_at",
+            "decided_at",
+            "decided_by",
+            "new_instance",
+            "verdicts",
+        ]
+        read_only_fields = fields
+
+
+class ApproveOneSerializer(serializers.Serializer):
+    version = serializers.IntegerField(
+        required=False, min_value=1, help_text="the version you saw; 412 if stale"
+    )
+
+
+class ApproveManySerializer(serializers.Serializer):
+    ids = serializers.ListField(
+        child=serializers.IntegerField(min_value=1), required=False, max_length=10_000
+    )
+    group = serializers.CharField(required=False)
+
+    def validate(self, attrs):
+        if bool(attrs.get("ids")) == bool(attrs.get("group")):
+            raise serializers.ValidationError({"ids": "Give either 'ids' or 'group'."})
+        return attrs
+
+
+class ApprovalResultSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    ok = serializers.BooleanField()
+    status = serializers.CharField()
+    message = serializers.CharField()
+    node = serializers.CharField(allow_null=True)
+    new_instance = serializers.CharField(allow_null=True)
+
+
+class RejectSerializer(serializers.Serializer):
+    reason = serializers.CharField(max_length=300, required=False, allow_blank=True, default="")
+
+
+class RescheduleViewSet(viewsets.ReadOnlyModelViewSet):
+    serializer_class = RescheduleSerializer
+
+    def get_permissions(self):
+        return [IsOperator()] if self.action in {"approve", "reject", "approve_many"} else [IsViewer()]
+
+    def get_queryset(self):
+        qs = Reschedule.objects.select_related("instance", "proposed_node", "report", "new_instance")
+        params = self.request.query_params
+        if status_ := params.get("status"):
+            qs = qs.filter(status__in=status_.split(","))
+        if group := params.get("group"):
+            qs = qs.filter(lease__groups__name=group)
+        return qs
+
+    @extend_schema(
+        request=ApproveOneSerializer,
+        responses={
+            200: ApprovalResultSerializer,
+            409: OpenApiResponse(description="already applied or rejected"),
+            412: OpenApiResponse(description="the proposal changed since you saw it"),
+        },
+    )
+    @action(detail=True, methods=["post"])
+    def approve(self, request, pk=None):
+        pk = _int_pk(pk)
+        data = ApproveOneSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        versions = {pk: data.validated_data["version"]} if "version" in data.validated_data else None
+        [result] = recovery.do_approve(request.user, [pk], now=timezone.now(), versions=versions)
+        return Response(result.as_dict())
+
+    @extend_schema(request=RejectSerializer, responses={200: RescheduleSerializer})
+    @action(detail=True, methods=["post"])
+    def reject(self, request, pk=None):
+        data = RejectSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        proposal = recovery.do_reject(
+            request.user, _int_pk(pk), now=timezone.now(), reason=data.validated_data["reason"]
+        )
+        return Response(RescheduleSerializer(proposal).data)
+
+    @extend_schema(request=ApproveManySerializer, responses={200: ApprovalResultSerializer(many=True)})
+    @action(detail=False, methods=["post"], url_path="approve")
+    def approve_many(self, request):
+        data = ApproveManySerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        if group := data.validated_data.get("group"):
+            if not Group.objects.filter(name=group).exists():
+                raise NotFound(f"group {group} does not exist")
+            ids = list(
+                Reschedule.objects.filter(status="pending", lease__groups__name=group)
+                .order_by("pk")
+                .values_list("pk", flat=True)
+            )
+        else:
+            ids = data.validated_data["ids"]
+        results = recovery.do_approve(request.user, ids, now=timezone.now()) if ids else []
+        return Response({"results": [r.as_dict() for r in results]})
+
+
+def _int_pk(pk) -> int:
+    try:
+        return int(pk)
+    except (TypeError, ValueError):
+        raise NotFound(f"reschedule {pk} does not exist") from None
+
+
+class GroupSerializer(serializers.ModelSerializer):
+    leases = serializers.PrimaryKeyRelatedField(many=True, queryset=Lease.objects.all(), required=False)
+
+    class Meta:
+        model = Group
+        fields = ["id", "name", "policy", "hard", "max_per_node", "leases", "created_at"]
+        read_only_fields = ["id", "created_at"]
+
+    def validate(self, attrs):
+        policy = attrs.get("policy", getattr(self.instance, "policy", None))
+        hard = attrs.get("hard", getattr(self.instance, "hard", True))
+        max_per_node = attrs.get("max_per_node", getattr(self.instance, "max_per_node", 1))
+        leases = attrs.get("leases", list(self.instance.leases.all()) if self.instance else [])
+        if hard:
+            problem = recovery.group_violation(policy, max_per_node, [lease.pk for lease in leases])
+            if problem:
+                raise serializers.ValidationError(
+                    {"policy": f"The current members already violate it: {problem}"}
+                )
+        return attrs
+
+
+class GroupViewSet(viewsets.ModelViewSet):
+    serializer_class = GroupSerializer
+    queryset = Group.objects.prefetch_related("leases")
+    lookup_field = "name"
+
+    def get_permissions(self):
+        return [IsViewer()] if self.action in {"list", "retrieve"} else [IsOperator()]
+
+    def get_object(self):
+        group = Group.objects.prefetch_related("leases").filter(name=self.kwargs["name"]).first()
+        if group is None:
+            raise NotFound(f"group {self.kwargs['name']} does not exist")
+        return group
+
+    def perform_create(self, serializer):
+        group = serializer.save()
+        audit.record(at=timezone.now(), actor=self.request.user, action="group.create", target=group)
+
+    def perform_update(self, serializer):
+        group = serializer.save()
+        audit.record(at=timezone.now(), actor=self.request.user, action="group.update", target=group)
+
+    def perform_destroy(self, instance):
+        audit.record(at=timezone.now(), actor=self.request.user, action="group.delete", target=instance)
+        instance.delete()
+
+
+class AlertSerializer(serializers.ModelSerializer):
+    instance = serializers.CharField(source="instance.iid", default=None, read_only=True)
+    node = serializers.CharField(source="node.name", default=None, read_only=True)
+
+    class Meta:
+        model = Alert
+        fields = ["id", "kind", "message", "created_at", "resolved_at", "lease", "instance", "node"]
+        read_only_fields = fields
+
+
+class AlertViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    serializer_class = AlertSerializer
+    permission_classes = [IsViewer]
+
+    def get_queryset(self):
+        qs = Alert.objects.select_related("instance", "node")
+        if self.request.query_params.get("open") in {"1", "true"}:
+            qs = qs.filter(resolved_at=None)
+        if kind := self.request.query_params.get("kind"):
+            qs = qs.filter(kind=kind)
+        return qs
+
+
+__all__ = ["AlertViewSet", "GroupPolicy", "GroupViewSet", "InstanceViewSet", "RescheduleViewSet", "status"]

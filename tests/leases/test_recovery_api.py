@@ -1,0 +1,174 @@
+"""The instances / reschedules / groups / alerts API, role by role, with its conflicts."""
+
+from __future__ import annotations
+
+import pytest
+from django.utils import timezone
+
+from fleet import actions as fleet_actions
+from leases.models import Group, Instance, Reschedule
+from tests.leases.conftest import vm
+
+pytestmark = pytest.mark.django_db
+
+
+def immediate(client, name="job", **extra):
+    body = {"name": name, "type": "immediate", "duration_s": 3600, "nodes": [vm()], **extra}
+    response = client.post("/api/leases/", body, format="json")
+    assert response.status_code == 201, response.content
+    return response.json()
+
+
+def lose(lease_id):
+    inst = Instance.objects.get(lease_id=lease_id)
+    fleet_actions.do_declare_dead(None, inst.node_id, reason="gone", now=timezone.now())
+    return inst
+
+
+def test_instances_are_listed_by_lease_and_read_with_their_history(viewer, operator, fleet):
+    lease = immediate(operator)
+    body = viewer.get("/api/instances/", {"lease": lease["id"]}).json()
+    [row] = body["results"]
+    assert (row["iid"], row["state"]) == (f"{lease['id']}-1-0", "placed")
+    detail = viewer.get(f"/api/instances/{row['iid']}/").json()
+    assert detail["history"][0]["to_state"] == "placed"
+    assert detail["restarts"] == []
+    assert viewer.get("/api/instances/", {"lease": "x"}).status_code == 400
+    assert viewer.get("/api/instances/9-9-9/").status_code == 404
+
+
+def test_an_illegal_transition_is_409_naming_both_states(operator, viewer, fleet):
+    lease = immediate(operator)
+    iid = f"{lease['id']}-1-0"
+    assert (
+        viewer.post(f"/api/instances/{iid}/transition", {"state": "stopping"}, format="json").status_code
+        == 403
+    )
+    response = operator.post(f"/api/instances/{iid}/transition", {"state": "finished"}, format="json")
+    assert response.status_code == 409
+    assert "cannot go from placed to finished" in response.json()["detail"]
+    assert Instance.objects.get(iid=iid).state == "placed"
+    response = operator.post(
+        f"/api/instances/{iid}/transition", {"state": "revoked", "reason": "test"}, format="json"
+    )
+    assert response.status_code == 200
+    assert (response.json()["state"], response.json()["desired_state"]) == ("revoked", "stopped")
+
+
+def test_pending_reschedules_are_approved_one_at_a_time_with_a_version(operator, viewer, fleet):
+    lease = immediate(operator)
+    inst = lose(lease["id"])
+    [pending] = viewer.get("/api/reschedules/", {"status": "pending"}).json()["results"]
+    assert pending["instance"] == inst.iid
+    assert len(pending["verdicts"]) == 4
+    assert viewer.post(f"/api/reschedules/{pending['id']}/approve", {}, format="json").status_code == 403
+    stale = operator.post(
+        f"/api/reschedules/{pending['id']}/approve", {"version": pending["version"] + 5}, format="json"
+    )
+    assert stale.status_code == 412
+    ok = operator.post(
+        f"/api/reschedules/{pending['id']}/approve", {"version": pending["version"]}, format="json"
+    )
+    assert ok.status_code == 200
+    assert ok.json()["ok"] is True
+    again = operator.post(f"/api/reschedules/{pending['id']}/approve", {}, format="json")
+    assert again.status_code == 409
+    assert operator.post("/api/reschedules/999/approve", {}, format="json").status_code == 404
+
+
+def test_bulk_approval_by_ids_gives_a_result_per_item(operator, fleet):
+    a = immediate(operator, "a", nodes=[vm(mem=1024)])
+    b = immediate(operator, "b", nodes=[vm(mem=1024)])
+    lose(a["id"])
+    if Instance.objects.get(lease_id=b["id"]).state != "lost":
+        lose(b["id"])
+    ids = list(Reschedule.objects.filter(status="pending").values_list("pk", flat=True))
+    response = operator.post("/api/reschedules/approve", {"ids": [*ids, 12345]}, format="json")
+    assert response.status_code == 200
+    results = response.json()["results"]
+    assert [r["id"] for r in results] == [*ids, 12345]
+    assert all(r["ok"] for r in results[:-1]), results
+    assert results[-1]["ok"] is False and "does not exist" in results[-1]["message"]
+    assert operator.post("/api/reschedules/approve", {}, format="json").status_code == 400
+
+
+def test_reject_and_approval_by_group(operator, fleet):
+    Group.objects.create(name="web", policy="anti_affinity", hard=False)
+    lease = immediate(operator, "w", groups=["web"])
+    lose(lease["id"])
+    response = operator.post("/api/reschedules/approve", {"group": "web"}, format="json")
+    assert [r["ok"] for r in response.json()["results"]] == [True]
+    assert operator.post("/api/reschedules/approve", {"group": "nope"}, format="json").status_code == 404
+    other = immediate(operator, "x")
+    lose(other["id"])
+    pending = Reschedule.objects.get(status="pending")
+    rejected = operator.post(f"/api/reschedules/{pending.pk}/reject", {"reason": "leave it"}, format="json")
+    assert rejected.json()["status"] == "rejected"
+    assert operator.post(f"/api/reschedules/{pending.pk}/approve", {}, format="json").status_code == 409
+
+
+def test_groups_crud_and_a_policy_the_members_already_violate_is_400(operator, viewer, fleet):
+    a = immediate(operator, "a", nodes=[vm(mem=2048)])
+    b = immediate(operator, "b", nodes=[vm(mem=2048)])
+    same_node = (
+        Instance.objects.get(lease_id=a["id"]).node_id == Instance.objects.get(lease_id=b["id"]).node_id
+    )
+    assert viewer.post("/api/groups/", {"name": "g", "policy": "affinity"}, format="json").status_code == 403
+    response = operator.post(
+        "/api/groups/",
+        {"name": "db", "policy": "anti_affinity", "hard": True, "leases": [a["id"], b["id"]]},
+        format="json",
+    )
+    if same_node:
+        assert response.status_code == 400
+        assert "already violate" in response.json()["policy"][0]
+    else:
+        response = operator.post(
+            "/api/groups/",
+            {"name": "db2", "policy": "affinity", "hard": True, "leases": [a["id"], b["id"]]},
+            format="json",
+        )
+        assert response.status_code == 400
+        assert "not on one node" in response.json()["policy"][0]
+    ok = operator.post(
+        "/api/groups/", {"name": "free", "policy": "anti_affinity", "max_per_node": 2}, format="json"
+    )
+    assert ok.status_code == 201
+    assert viewer.get("/api/groups/free/").json()["max_per_node"] == 2
+    assert operator.patch("/api/groups/free/", {"hard": False}, format="json").status_code == 200
+    assert operator.delete("/api/groups/free/").status_code == 204
+    assert viewer.get("/api/groups/free/").status_code == 404
+
+
+def test_alerts_list_held_instances(operator, viewer, fleet):
+    lease = immediate(operator, migratable=False)
+    lose(lease["id"])
+    alerts = viewer.get("/api/alerts/").json()["results"]
+    assert [a["kind"] for a in alerts] == ["instance_held"]
+
+
+def test_assignments_carry_what_the_agent_needs_for_the_late_group_check(operator, fleet):
+    Group.objects.create(name="web", policy="anti_affinity", hard=True, max_per_node=1)
+    lease = immediate(operator, groups=["web"], driver="process", spec={"command": ["sleep", "30"]})
+    inst = Instance.objects.get(lease_id=lease["id"])
+    node = inst.node
+    token_client = None
+    from slotkeeper.models import hash_token, new_token
+
+    raw = new_token("skn")
+    node.token_digest = hash_token(raw)
+    node.save(update_fields=["token_digest"])
+    from tests.conftest import client_with_token
+
+    token_client = client_with_token(raw)
+    body = token_client.get(f"/api/nodes/{node.pk}/assignments").json()
+    [entry] = body["instances"]
+    assert entry["id"] == inst.iid
+    assert (entry["driver"], entry["spec"]["command"], entry["desired_state"]) == (
+        "process",
+        ["sleep", "30"],
+        "running",
+    )
+    assert entry["groups"] == [
+        {"name": "web", "policy": "anti_affinity", "hard": True, "max_per_node": 1, "members_here": []}
+    ]
