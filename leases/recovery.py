@@ -573,7 +573,7 @@ def _approve_one(actor, pk: int, now: datetime, plan, version: int | None) -> Ap
     from leases import store
 
     proposal = (
-        Reschedule.objects.select_for_update()
+        Reschedule.objects.select_for_update(of=("self",))
         .select_related("instance__lease", "instance__node")
         .filter(pk=pk)
         .first()
