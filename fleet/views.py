@@ -1,37 +1,99 @@
-"""Console pages of the fleet: the board, a node, a stored placement report. Each page URL also serves its
-fragment to htmx (same URL, `HX-Request`), so a live "node-changed" event re-fetches just the table."""
+"""Console pages of the fleet: the board, a node (health, what it holds, drain / undrain / declare dead), a stored
+placement report. Each page URL also serves its fragment to htmx (same URL, `HX-Request`), so a live
+"node-changed" event re-fetches just the live region. Every write goes through fleet.actions; the views only check
+the role again (a hidden button is not a permission) and turn a DomainError into a message."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from urllib.parse import urlencode
+
 from django.contrib import messages
-from django.db.models import Count
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 from django.views.decorators.vary import vary_on_headers
 
-from fleet import actions
+from fleet import actions, capacity
 from fleet.models import HealthSample, Node, NodeStatus, PlacementReport
+from fleet.placement import snapshot
+from leases.models import Allocation
 from slotkeeper.decorators import role_required
 from slotkeeper.domain import DomainError
 
+STALE_AFTER_S = 30
 
-def node_rows(nodes, now):
+
+@dataclass
+class NodeRow:
+    """One node as the board shows it: the row, its health age, and memory as observed and as committed."""
+
+    node: Node
+    age: float | None
+    use: capacity.MemoryUse | None
+
+    @property
+    def stale(self) -> bool:
+        return self.age is None or self.age > STALE_AFTER_S
+
+    def pct(self, mib: int | None) -> float:
+        return min(100.0, 100.0 * (mib or 0) / max(self.node.mem_total_mib, 1))
+
+    @property
+    def observed_pct(self) -> float:
+        return self.pct(self.use.observed_mib if self.use else None)
+
+    @property
+    def committed_pct(self) -> float:
+        return self.pct(self.use.committed_mib if self.use else None)
+
+
+@dataclass
+class CapacityTotals:
+    """Sums over nodes that can take work (online), beside the whole fleet's declared size."""
+
+    nodes: int = 0
+    cores: int = 0
+    mem_mib: int = 0
+    online_cores: int = 0
+    online_mem_mib: int = 0
+    observed_mib: int = 0
+    committed_mib: int = 0
+
+    def gib(self) -> dict[str, float]:
+        """The memory sums in GiB, which is how people talk about a fleet's memory."""
+        names = ("mem_mib", "online_mem_mib", "observed_mib", "committed_mib")
+        return {name.removesuffix("_mib"): round(getattr(self, name) / 1024, 1) for name in names}
+
+    def add(self, row: NodeRow) -> None:
+        n = row.node
+        self.nodes += 1
+        self.cores += n.cpu_cores
+        self.mem_mib += n.mem_total_mib
+        if n.status != NodeStatus.ONLINE:
+            return
+        self.online_cores += n.cpu_cores
+        self.online_mem_mib += n.mem_total_mib
+        if row.use is not None:
+            self.observed_mib += row.use.observed_mib
+            self.committed_mib += row.use.committed_mib
+
+
+def node_rows(nodes: list[Node], now: datetime) -> list[NodeRow]:
+    """Rows with the placer's own view of memory: one claims query for all nodes, whatever their number."""
     rows = []
-    for n in nodes:
-        age = (now - n.last_heartbeat_at).total_seconds() if n.last_heartbeat_at else None
-        total = n.mem_total_mib or 1
-        observed = n.obs_mem_used_mib or 0
-        rows.append(
-            {
-                "node": n,
-                "age": age,
-                "stale": age is None or age > 30,
-                "observed_pct": min(100.0, 100.0 * observed / total),
-                "baseline_pct": min(100.0, 100.0 * (n.idle_baseline_mib or 0) / total),
-            }
-        )
+    for node, state in zip(nodes, snapshot(now, nodes), strict=True):
+        rows.append(NodeRow(node=node, age=state.health_age_s, use=capacity.effective_use(state)))
     return rows
+
+
+def matches(node: Node, status: str, q: str) -> bool:
+    if status and node.status != status:
+        return False
+    q = q.lower()
+    return not q or q in node.name.lower() or any(q in c.lower() for c in node.capabilities or ())
 
 
 @role_required("viewer")
@@ -39,27 +101,36 @@ def node_rows(nodes, now):
 def board(request):
     now = timezone.now()
     status = request.GET.get("status", "")
+    status = status if status in NodeStatus.values else ""
     q = request.GET.get("q", "").strip()
-    nodes = Node.objects.select_related("drained_by").order_by("name")
-    if status in NodeStatus.values:
-        nodes = nodes.filter(status=status)
-    if q:
-        nodes = nodes.filter(name__icontains=q)
+    # The whole fleet in one query: totals need every node anyway, and filtering 1,000 rows in Python is cheaper
+    # than a second round trip per counter.
+    every = node_rows(list(Node.objects.select_related("drained_by").order_by("name")), now)
     totals = dict.fromkeys(NodeStatus.values, 0)
-    for row in Node.objects.values("status").annotate(n=Count("id")):
-        totals[row["status"]] = row["n"]
-    latest_report = PlacementReport.objects.only("id", "created_at", "outcome", "subject").first()
+    capacity_totals = CapacityTotals()
+    for row in every:
+        totals[row.node.status] += 1
+        capacity_totals.add(row)
     context = {
-        "rows": node_rows(nodes, now),
+        "rows": [r for r in every if matches(r.node, status, q)],
         "totals": totals,
+        "capacity": capacity_totals,
         "status": status,
         "q": q,
         "statuses": NodeStatus.values,
-        "latest_report": latest_report,
-        "now": now,
+        "latest_report": PlacementReport.objects.only("id", "created_at", "outcome", "subject").first(),
     }
     template = "fleet/_board_table.html" if request.htmx and not request.htmx.boosted else "fleet/board.html"
     return render(request, template, context)
+
+
+def holdings(node: Node, now: datetime) -> list[Allocation]:
+    """What the node holds now or later: the reservations a drain would have to move or let finish."""
+    return list(
+        Allocation.objects.filter(node=node, live=True, end__gt=now)
+        .select_related("reservation__lease")
+        .order_by("start", "reservation__rid")
+    )
 
 
 @role_required("viewer")
@@ -68,55 +139,75 @@ def node_detail(request, node_id: int):
     node = get_object_or_404(Node.objects.select_related("drained_by"), pk=node_id)
     now = timezone.now()
     samples = list(
-        HealthSample.objects.filter(node=node, at__gte=now - timezone.timedelta(hours=1)).order_by("at")[
-            :2000
-        ]
+        HealthSample.objects.filter(node=node, at__gte=now - timedelta(hours=1)).order_by("at")[:2000]
     )
     context = {
         "node": node,
         "row": node_rows([node], now)[0],
-        "samples": samples,
         "chart": chart(samples, now),
+        "holdings": holdings(node, now),
     }
     template = "fleet/_node_status.html" if request.htmx else "fleet/node.html"
     return render(request, template, context)
 
 
-def chart(samples, now, width=600, height=80):
+def chart(samples: list[HealthSample], now: datetime, width: int = 600, height: int = 100) -> dict | None:
     """Polylines (memory %, CPU %) over the last hour, as SVG points: drawn server-side, no chart library."""
     if not samples:
         return None
-    start = now - timezone.timedelta(hours=1)
+    start = now - timedelta(hours=1)
 
-    def x(at):
+    def x(at: datetime) -> float:
         return round(width * max(0.0, (at - start).total_seconds()) / 3600, 1)
 
-    def y(pct):
+    def y(pct: float) -> float:
         return round(height - height * max(0.0, min(100.0, pct)) / 100, 1)
 
-    mem = " ".join(f"{x(s.at)},{y(100 * s.mem_used_mib / max(s.mem_total_mib, 1))}" for s in samples)
-    cpu = " ".join(f"{x(s.at)},{y(s.cpu_pct)}" for s in samples)
-    return {"width": width, "height": height, "mem": mem, "cpu": cpu}
+    last = samples[-1]
+    return {
+        "width": width,
+        "height": height,
+        "mem": " ".join(f"{x(s.at)},{y(100 * s.mem_used_mib / max(s.mem_total_mib, 1))}" for s in samples),
+        "cpu": " ".join(f"{x(s.at)},{y(s.cpu_pct)}" for s in samples),
+        "grid": [{"y": y(p), "label": p} for p in (25, 50, 75)],
+        "minutes": [{"x": round(width * m / 60, 1), "label": f"-{60 - m} min"} for m in (0, 15, 30, 45)],
+        "last_mem_pct": round(100 * last.mem_used_mib / max(last.mem_total_mib, 1)),
+        "last_cpu_pct": round(last.cpu_pct),
+        "count": len(samples),
+    }
 
 
-@role_required("viewer")
-def report_detail(request, report_id: int):
-    report = get_object_or_404(PlacementReport, pk=report_id)
-    sort = request.GET.get("sort", "rank")
-    verdicts = list(report.verdicts)
-    if sort == "node":
-        verdicts.sort(key=lambda v: v["node"])
-    elif sort == "reason":
-        verdicts.sort(key=lambda v: (v["fit"] is False, v.get("reason_code") or "", v["node"]))
-    return render(request, "fleet/report.html", {"report": report, "verdicts": verdicts, "sort": sort})
+@role_required("operator")
+@vary_on_headers("HX-Request")
+def drain_preview(request, node_id: int):
+    """What a drain would touch, shown before it is confirmed: the reservations live on the node now or later."""
+    node = get_object_or_404(Node.objects.select_related("drained_by"), pk=node_id)
+    now = timezone.now()
+    held = holdings(node, now)
+    context = {
+        "node": node,
+        "reason": request.GET.get("reason", "").strip(),
+        "holdings": held,
+        "running": [a for a in held if a.start <= now],
+        "lease_count": len({a.reservation.lease_id for a in held}),
+    }
+    template = "fleet/_drain_preview.html" if request.htmx else "fleet/drain_preview.html"
+    return render(request, template, context)
 
 
 @role_required("operator")
 @require_POST
 def drain(request, node_id: int):
     reason = request.POST.get("reason", "").strip()
+    undrain = bool(request.POST.get("undrain"))
+    if not undrain and not request.POST.get("confirm"):
+        # A drain posted without passing through its preview (an old form, a script) is shown the preview first:
+        # draining a node that still runs leases must never be one stray click.
+        return redirect(f"{reverse('node-drain-preview', args=[node_id])}?{urlencode({'reason': reason})}")
     try:
-        if request.POST.get("undrain"):
+        if not reason:
+            raise DomainError("an undrain needs a reason" if undrain else "a drain needs a reason")
+        if undrain:
             actions.do_undrain(request.user, node_id, reason=reason, now=timezone.now())
             messages.success(request, "Node undrained.")
         else:
@@ -125,3 +216,42 @@ def drain(request, node_id: int):
     except DomainError as exc:
         messages.error(request, str(exc))
     return redirect("node-detail", node_id=node_id)
+
+
+@role_required("admin")
+@require_POST
+def declare_dead(request, node_id: int):
+    try:
+        actions.do_declare_dead(
+            request.user, node_id, reason=request.POST.get("reason", "").strip(), now=timezone.now()
+        )
+        messages.success(request, "Node declared dead.")
+    except DomainError as exc:
+        messages.error(request, str(exc))
+    return redirect("node-detail", node_id=node_id)
+
+
+SORTS = {
+    "node": lambda v: v["node"],
+    "fit": lambda v: (not v["fit"], v.get("reason_code") or ""),
+    "reason": lambda v: (v.get("reason_code") or "", v["node"]),
+    "slots": lambda v: v.get("slots") or 0,
+    "headroom": lambda v: v.get("headroom") or 0.0,
+}
+
+
+def sort_verdicts(verdicts: list[dict], sort: str) -> list[dict]:
+    """Verdicts in the asked order ("-headroom" reverses); anything unknown keeps the placer's rank order, which
+    is the default because it lists capable nodes before incapable ones."""
+    key = SORTS.get(sort.lstrip("-"))
+    if key is None:
+        return list(verdicts)
+    return sorted(verdicts, key=key, reverse=sort.startswith("-"))
+
+
+@role_required("viewer")
+def report_detail(request, report_id: int):
+    report = get_object_or_404(PlacementReport, pk=report_id)
+    sort = request.GET.get("sort", "rank")
+    context = {"report": report, "verdicts": sort_verdicts(report.verdicts, sort), "sort": sort}
+    return render(request, "fleet/report.html", context)

@@ -65,7 +65,7 @@
   function togglePause() {
     paused = !paused;
     const btn = $("live-toggle");
-    if (btn) btn.textContent = paused ? "Resume" : "Pause";
+    if (btn) { btn.textContent = paused ? "Resume" : "Pause"; btn.setAttribute("aria-pressed", String(paused)); }
     if (paused) { setState("paused", "warn"); return; }
     setState(socket && socket.readyState === 1 ? "live" : "reconnecting…", socket && socket.readyState === 1 ? "ok" : "warn");
     if (missed) { missed = false; resync(); }
@@ -90,22 +90,27 @@
     lastUpdate = Date.now();
     let utc = localStorage.getItem("slotkeeper.tz") !== "local";
     const tz = $("tz-toggle");
+    function toggleTz() {
+      utc = !utc; localStorage.setItem("slotkeeper.tz", utc ? "utc" : "local");
+      if (tz) tz.textContent = utc ? "UTC" : "Local";
+      showTimes(utc);
+    }
     if (tz) {
       tz.textContent = utc ? "UTC" : "Local";
-      tz.addEventListener("click", function () {
-        utc = !utc; localStorage.setItem("slotkeeper.tz", utc ? "utc" : "local");
-        tz.textContent = utc ? "UTC" : "Local"; showTimes(utc);
-      });
+      tz.addEventListener("click", toggleTz);
     }
     showTimes(utc);
     document.body.addEventListener("htmx:afterSwap", function () { lastUpdate = Date.now(); showTimes(utc); });
     const btn = $("live-toggle");
     if (btn) btn.addEventListener("click", togglePause);
     document.addEventListener("keydown", function (e) {
-      if (e.target.matches("input, textarea, select")) return;
+      if (e.target.matches("input, textarea, select") || e.ctrlKey || e.metaKey || e.altKey) return;
+      const link = document.querySelector('a[data-key="' + CSS.escape(e.key) + '"]');
       if (e.key === "/") { const s = document.querySelector("[data-search]"); if (s) { e.preventDefault(); s.focus(); } }
       else if (e.key === "?") { const d = $("shortcuts"); if (d) d.showModal(); }
       else if (e.key === "p") { togglePause(); }
+      else if (e.key === "t") { toggleTz(); }
+      else if (link) { link.click(); }
     });
     setInterval(tickAge, 1000);
     connect();
