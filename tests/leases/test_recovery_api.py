@@ -172,3 +172,22 @@ def test_assignments_carry_what_the_agent_needs_for_the_late_group_check(operato
     assert entry["groups"] == [
         {"name": "web", "policy": "anti_affinity", "hard": True, "max_per_node": 1, "members_here": []}
     ]
+
+
+def test_the_admin_action_approves_through_the_same_path(client, fleet, operator):
+    from django.contrib.auth import get_user_model
+
+    lease = immediate(operator)
+    lose(lease["id"])
+    proposal = Reschedule.objects.get(status="pending")
+    boss = get_user_model().objects.create_superuser("boss", password="pw-for-tests-only")
+    client.force_login(boss)
+    response = client.post(
+        "/admin/leases/reschedule/",
+        {"action": "approve_reschedules", "_selected_action": [proposal.pk]},
+        follow=True,
+    )
+    assert response.status_code == 200
+    proposal.refresh_from_db()
+    assert proposal.status == "applied"
+    assert proposal.decided_by == "boss"
