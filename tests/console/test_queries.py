@@ -1,0 +1,91 @@
+"""Query counts pinned for the two pages that grow with the fleet: the board and the slot table must cost the same
+handful of queries at 200 nodes × 24 h as at three nodes (an N+1 here turned a page into 2,000 round trips)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.urls import reverse
+from django.utils import timezone
+
+from fleet.models import Node, NodeStatus
+from leases.models import Allocation, Lease, Reservation
+
+NODES = 200
+LEASES = 1500  # two allocations each: 3,000 allocations over the 24 h window
+
+
+@pytest.fixture
+def big_fleet(db):
+    now = timezone.now()
+    nodes = Node.objects.bulk_create(
+        Node(
+            name=f"node-{i:03d}",
+            cpu_cores=32,
+            mem_total_mib=131072,
+            disk_total_gib=1000,
+            status=NodeStatus.DRAINING if i % 50 == 0 else NodeStatus.ONLINE,
+            drain_reason="disk swap" if i % 50 == 0 else "",
+            last_heartbeat_at=now,
+            obs_mem_total_mib=131072,
+            obs_mem_used_mib=20000,
+            token_digest=f"{i:064d}",
+        )
+        for i in range(NODES)
+    )
+    leases = Lease.objects.bulk_create(
+        Lease(
+            name=f"job-{i}",
+            type="best_effort",
+            state="active",
+            submitted_at=now,
+            duration_s=3600,
+            vnodes=[{"cpu_cores": 1, "mem_mib": 1024, "disk_gib": 0}] * 2,
+        )
+        for i in range(LEASES)
+    )
+    reservations = []
+    for i, lease in enumerate(leases):
+        start = now - timedelta(hours=4) + timedelta(minutes=(i * 7) % (24 * 60))
+        a, b = nodes[i % NODES], nodes[(i * 7 + 1) % NODES]
+        reservations.append(
+            Reservation(
+                rid=i + 1,
+                lease=lease,
+                kind="vm",
+                start=start,
+                end=start + timedelta(hours=1),
+                status="active" if start <= now else "scheduled",
+                nodes={"1": a.pk, "2": b.pk},
+            )
+        )
+    reservations = Reservation.objects.bulk_create(reservations)
+    Allocation.objects.bulk_create(
+        Allocation(reservation=r, node_id=node_id, start=r.start, end=r.end, cpu=100, mem_mib=1024)
+        for r in reservations
+        for node_id in r.nodes.values()
+    )
+    return nodes
+
+
+@pytest.mark.parametrize("htmx", [False, True])
+def test_the_fleet_board_at_200_nodes_takes_at_most_10_queries(
+    vera, big_fleet, django_assert_max_num_queries, htmx
+):
+    headers = {"HX-Request": "true"} if htmx else {}
+    with django_assert_max_num_queries(10):
+        response = vera.get(reverse("fleet-board"), headers=headers)
+    assert response.content.decode().count("data-node=") == NODES
+
+
+@pytest.mark.parametrize("htmx", [False, True])
+def test_the_slot_table_at_200_nodes_by_24_hours_takes_at_most_10_queries(
+    vera, big_fleet, django_assert_max_num_queries, htmx
+):
+    headers = {"HX-Request": "true"} if htmx else {}
+    with django_assert_max_num_queries(10):
+        response = vera.get(reverse("slot-table"), {"zoom": "24h"}, headers=headers)
+    body = response.content.decode()
+    assert body.count('class="bar-link"') > 2000, "the window must really hold thousands of bars"
+    assert body.count('<g class="row') == NODES
