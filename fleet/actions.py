@@ -16,7 +16,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 
 from fleet.models import HealthSample, Node, NodeStatus
-from fleet.signals import instances_reported, nodes_died
+from fleet.signals import instances_reported, node_draining, nodes_died
 from slotkeeper import audit, events
 from slotkeeper.domain import DomainError, NotFound
 from slotkeeper.models import hash_token, new_token
@@ -191,8 +191,20 @@ def _bring_back(node: Node, now: datetime) -> None:
         node.status = returning_to
 
 
-def do_drain(actor, node_id: int, *, reason: str, now: datetime) -> Node:
+def do_drain(
+    actor,
+    node_id: int,
+    *,
+    reason: str,
+    now: datetime,
+    deadline: datetime | None = None,
+    max_parallel: int = 2,
+) -> Node:
+    """Stops new work landing on the node. With a deadline it is a process: the node's instances are proposed for
+    moves that the tick applies at most `max_parallel` at a time; whatever is left at the deadline is stopped."""
     reason = (reason or "").strip()
+    if deadline is not None and deadline <= now:
+        raise DomainError("the drain deadline must be in the future")
     if not reason:
         raise DomainError("a drain needs a reason")
     with transaction.atomic():
@@ -208,6 +220,8 @@ def do_drain(actor, node_id: int, *, reason: str, now: datetime) -> Node:
         node.drain_reason = reason
         node.drained_by = actor if getattr(actor, "pk", None) else None
         node.drained_at = now
+        node.drain_deadline = deadline
+        node.drain_max_parallel = max_parallel
         node.version += 1
         node.save(
             update_fields=[
@@ -217,12 +231,25 @@ def do_drain(actor, node_id: int, *, reason: str, now: datetime) -> Node:
                 "drain_reason",
                 "drained_by",
                 "drained_at",
+                "drain_deadline",
+                "drain_max_parallel",
                 "version",
             ]
         )
         audit.record(
-            at=now, actor=actor, action="node.drain", target=node, reason=reason, details={"from": previous}
+            at=now,
+            actor=actor,
+            action="node.drain",
+            target=node,
+            reason=reason,
+            details={
+                "from": previous,
+                "deadline": deadline.isoformat() if deadline else None,
+                "max_parallel": max_parallel,
+            },
         )
+        if deadline is not None:
+            node_draining.send(sender=Node, node=node, now=now)
         events.send_on_commit("node-changed", node=node.pk)
     return node
 
@@ -241,6 +268,7 @@ def do_undrain(actor, node_id: int, *, reason: str = "", now: datetime) -> Node:
         node.drain_reason = ""
         node.drained_by = None
         node.drained_at = None
+        node.drain_deadline = None
         node.version += 1
         node.save(
             update_fields=[

@@ -35,6 +35,9 @@ class Node(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     drained_at = models.DateTimeField(null=True, blank=True)
+    # Drain as a process: instances are moved off at most `drain_max_parallel` at a time until the deadline.
+    drain_deadline = models.DateTimeField(null=True, blank=True)
+    drain_max_parallel = models.PositiveIntegerField(default=2)
 
     # The latest heartbeat, kept on the row so the placer reads the whole fleet in one query.
     last_heartbeat_at = models.DateTimeField(null=True, blank=True, db_index=True)

@@ -7,3 +7,6 @@ nodes_died = Signal()
 
 # Sent inside the heartbeat's transaction; kwargs: node (Node), reports (list of instance dicts), now.
 instances_reported = Signal()
+
+# Sent inside the drain's transaction when a drain has a deadline; kwargs: node (Node), now.
+node_draining = Signal()

@@ -175,9 +175,10 @@ def tick(now: datetime) -> None:
     """Starts and ends due reservations, processes the queue and re-evaluates (the periodic work)."""
     with store.planning(now) as plan:
         plan.scheduler.advance(plan.t, plan.excluded)
-    from leases.recovery import supervise
+    from leases.recovery import drive_drains, supervise
 
     supervise(now)
+    drive_drains(now)
 
 
 def claims(now: datetime, node_ids) -> dict[int, tuple[tuple, tuple]]:

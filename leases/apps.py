@@ -7,7 +7,7 @@ class LeasesConfig(AppConfig):
     def ready(self):
         from fleet.assignments import register_assignment_provider
         from fleet.placement import register_claim_provider
-        from fleet.signals import instances_reported, nodes_died
+        from fleet.signals import instances_reported, node_draining, nodes_died
         from leases import actions, recovery
         from slotkeeper import metrics, periodic
 
@@ -15,6 +15,7 @@ class LeasesConfig(AppConfig):
         register_assignment_provider(recovery.assignments)
         nodes_died.connect(_on_nodes_died, dispatch_uid="leases.nodes_died")
         instances_reported.connect(_on_reports, dispatch_uid="leases.instances_reported")
+        node_draining.connect(_on_draining, dispatch_uid="leases.node_draining")
         periodic.register("leases.tick", actions.tick)
         metrics.register_gauges(lease_gauges)
 
@@ -23,6 +24,12 @@ def _on_nodes_died(sender, node_ids, now, reason="", **kwargs):
     from leases.recovery import on_nodes_died
 
     on_nodes_died(node_ids, now, reason)
+
+
+def _on_draining(sender, node, now, **kwargs):
+    from leases.recovery import on_node_draining
+
+    on_node_draining(node, now)
 
 
 def _on_reports(sender, node, reports, now, **kwargs):

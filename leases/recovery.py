@@ -668,6 +668,102 @@ def do_reject(actor, pk: int, *, now: datetime, reason: str = "") -> Reschedule:
     return proposal
 
 
+# -- drain as a process ----------------------------------------------------------------------------------------
+
+
+def on_node_draining(node: Node, now: datetime) -> list[Reschedule]:
+    """A drain with a deadline: every live instance on the node gets a move proposal (approved by the drain)."""
+    proposals = []
+    for inst in Instance.objects.select_related("lease", "node").filter(node=node, state__in=LIVE):
+        proposal = propose(inst, now, cause="drain", note=f"drain of {node.name}")
+        if proposal is not None:
+            proposals.append(proposal)
+    return proposals
+
+
+def _in_flight(node: Node) -> int:
+    """Moves off the node that are placed but not yet running elsewhere."""
+    return (
+        Reschedule.objects.filter(
+            cause="drain", status=RescheduleStatus.APPLIED, instance__node=node, new_instance__state__in=LIVE
+        )
+        .exclude(new_instance__state=_I.RUNNING)
+        .count()
+    )
+
+
+def drive_drains(now: datetime) -> None:
+    """The periodic step of every drain with a deadline: apply up to max_parallel moves, stop what is left at the
+    deadline (with an audit row)."""
+    for node in Node.objects.filter(status=NodeStatus.DRAINING, drain_deadline__isnull=False):
+        pending = Reschedule.objects.filter(
+            cause="drain", status=RescheduleStatus.PENDING, instance__node=node
+        )
+        if now >= node.drain_deadline:
+            _finish_drain(node, now, pending)
+            continue
+        room = node.drain_max_parallel - _in_flight(node)
+        ids = list(pending.order_by("pk").values_list("pk", flat=True)[: max(room, 0)])
+        if ids:
+            do_approve(None, ids, now=now)
+
+
+def _finish_drain(node: Node, now: datetime, pending) -> None:
+    with transaction.atomic():
+        left = list(Instance.objects.filter(node=node, state__in=LIVE))
+        for inst in left:
+            wind_down(inst, now, finished=False, reason=f"drain deadline of {node.name} passed")
+        for proposal in pending:
+            proposal.status = RescheduleStatus.REJECTED
+            proposal.message = "drain deadline passed; the instance was stopped instead"
+            proposal.decided_at, proposal.decided_by = now, "system"
+            proposal.save(update_fields=["status", "message", "decided_at", "decided_by"])
+        Node.objects.filter(pk=node.pk).update(drain_deadline=None)
+        audit.record(
+            at=now,
+            actor=None,
+            action="node.drain_deadline",
+            target=node,
+            reason=f"deadline passed; stopped {len(left)} instance(s) still on it",
+            details={"stopped": [i.iid for i in left]},
+        )
+        events.send_on_commit("node-changed", node=node.pk)
+
+
+def drain_progress(node: Node) -> dict:
+    rows = Reschedule.objects.filter(cause="drain", instance__node=node).select_related(
+        "instance", "new_instance"
+    )
+    live_left = Instance.objects.filter(node=node, state__in=LIVE).count()
+    items = []
+    for r in rows.order_by("pk"):
+        if r.status == RescheduleStatus.PENDING:
+            blocker = r.blocked_by or (
+                "waiting for its turn (max_parallel)" if node.drain_deadline else "waiting for approval"
+            )
+        else:
+            blocker = ""
+        items.append(
+            {
+                "reschedule": r.pk,
+                "instance": r.instance.iid,
+                "status": r.status,
+                "blocked_by": blocker,
+                "message": r.message,
+                "new_instance": r.new_instance.iid if r.new_instance_id else None,
+            }
+        )
+    return {
+        "node": node.name,
+        "status": node.status,
+        "deadline": node.drain_deadline,
+        "max_parallel": node.drain_max_parallel,
+        "instances_left": live_left,
+        "in_flight": _in_flight(node),
+        "moves": items,
+    }
+
+
 # -- assignments for agents ----------------------------------------------------------------------------------
 
 

@@ -7,7 +7,13 @@ from rest_framework.routers import DefaultRouter
 from fleet import views as fleet_views
 from fleet.api.views import NodeViewSet, PlacementPreviewView, PlacementReportViewSet
 from leases import views as lease_views
-from leases.api.recovery import AlertViewSet, GroupViewSet, InstanceViewSet, RescheduleViewSet
+from leases.api.recovery import (
+    AlertViewSet,
+    DrainProgressView,
+    GroupViewSet,
+    InstanceViewSet,
+    RescheduleViewSet,
+)
 from leases.api.views import LeaseViewSet, SlotsView
 from slotkeeper import ops
 from slotkeeper import views as console_views
@@ -36,6 +42,7 @@ router.register("alerts", AlertViewSet, basename="alert")
 api_urls = [
     path("placement/preview", PlacementPreviewView.as_view(), name="placement-preview"),
     path("slots/", SlotsView.as_view(), name="slots"),
+    path("nodes/<int:node_id>/drain-progress", DrainProgressView.as_view(), name="drain-progress"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     # The router's names live in their own namespace ("api:node-detail"): un-namespaced, "node-detail" and

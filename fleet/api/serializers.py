@@ -30,6 +30,8 @@ class NodeSerializer(serializers.ModelSerializer):
             "drain_reason",
             "drained_by",
             "drained_at",
+            "drain_deadline",
+            "drain_max_parallel",
             "last_heartbeat_at",
             "health_age_s",
             "observed",
@@ -158,6 +160,16 @@ class HeartbeatAckSerializer(serializers.Serializer):
 
 class ReasonSerializer(serializers.Serializer):
     reason = serializers.CharField(max_length=300, trim_whitespace=True)
+
+
+class DrainSerializer(ReasonSerializer):
+    deadline = serializers.DateTimeField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="With a deadline the node's instances are moved off; what is left at the deadline is stopped.",
+    )
+    max_parallel = StrictIntegerField(min_value=1, max_value=1000, required=False, default=2)
 
 
 class OptionalReasonSerializer(serializers.Serializer):

@@ -93,11 +93,18 @@ class NodeViewSet(
 
         return Response(assignments_for(node, now=timezone.now()))
 
-    @extend_schema(request=s.ReasonSerializer, responses={200: s.NodeSerializer})
+    @extend_schema(request=s.DrainSerializer, responses={200: s.NodeSerializer})
     @action(detail=True, methods=["post"])
     def drain(self, request, pk=None):
-        reason = validated(s.ReasonSerializer, request.data)["reason"]
-        node = actions.do_drain(request.user, self._pk(pk), reason=reason, now=timezone.now())
+        data = validated(s.DrainSerializer, request.data)
+        node = actions.do_drain(
+            request.user,
+            self._pk(pk),
+            reason=data["reason"],
+            now=timezone.now(),
+            deadline=data["deadline"],
+            max_parallel=data["max_parallel"],
+        )
         return Response(s.NodeSerializer(node).data)
 
     @extend_schema(request=s.OptionalReasonSerializer, responses={200: s.NodeSerializer})

@@ -8,6 +8,7 @@ from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from leases import recovery
 from leases.lifecycle import IllegalTransition, InstanceState, instance_transition
@@ -329,3 +330,16 @@ class AlertViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
 
 
 __all__ = ["AlertViewSet", "GroupPolicy", "GroupViewSet", "InstanceViewSet", "RescheduleViewSet", "status"]
+
+
+class DrainProgressView(APIView):
+    permission_classes = [IsViewer]
+
+    @extend_schema(responses={200: dict})
+    def get(self, request, node_id: int):
+        from fleet.models import Node
+
+        node = Node.objects.filter(pk=node_id).first()
+        if node is None:
+            raise NotFound(f"node {node_id} does not exist")
+        return Response(recovery.drain_progress(node))

@@ -205,3 +205,25 @@ def test_two_evacuations_of_an_anti_affinity_group_never_share_the_survivor(db):
     verdict = next(v for v in pending.report.verdicts if v["node"] == survivor.name)
     assert verdict["reason_code"] == "anti_affinity"
     assert f"group web already has instance {landed.get().iid} here" in verdict["reason"]
+
+
+def test_a_drain_with_a_deadline_moves_instances_a_few_at_a_time_and_stops_the_rest(fleet):
+    now = timezone.now()
+    leases = [run_lease(now, name=f"d{i}", mem=512)[0] for i in range(3)]
+    node = Instance.objects.get(lease=leases[0]).node
+    on_node = list(Instance.objects.filter(node=node, state__in=recovery.LIVE))
+    fleet_actions.do_drain(
+        None, node.pk, reason="kernel", now=now, deadline=now + timedelta(minutes=10), max_parallel=1
+    )
+    assert Reschedule.objects.filter(cause="drain", status="pending").count() == len(on_node)
+    actions.tick(now + timedelta(seconds=1))
+    progress = recovery.drain_progress(Node.objects.get(pk=node.pk))
+    applied = [m for m in progress["moves"] if m["status"] == "applied"]
+    assert len(applied) == min(1, len(on_node))  # max_parallel = 1: one move in flight at a time
+    assert progress["in_flight"] == len(applied)
+    # The deadline passes: whatever has not moved is stopped, with an audit row.
+    actions.tick(now + timedelta(minutes=11))
+    assert not Instance.objects.filter(node=node, state__in=["placed", "running"]).exists()
+    from slotkeeper.models import AuditEntry
+
+    assert AuditEntry.objects.filter(action="node.drain_deadline", target_id=str(node.pk)).exists()
