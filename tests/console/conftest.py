@@ -72,3 +72,11 @@ def fleet(db):
 
 def vm(cores=1, mem=1024):
     return {"cpu_cores": cores, "mem_mib": mem, "disk_gib": 0}
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    # The browser tests' page fixture looks at this on teardown to keep a screenshot of a failure.
+    report = yield
+    setattr(item, f"report_{report.when}", report)
+    return report

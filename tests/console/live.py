@@ -1,0 +1,146 @@
+"""A real console for the browser tests: Daphne (HTTP + websocket, the embedded loop on) in a subprocess, against
+its own SQLite file, with three nodes, an operator who signs in with a password, and API tokens.
+
+Django's live_server is a WSGI thread and cannot serve /ws/console/, and the live updates are what these tests are
+for, so the console runs exactly as `make run` runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PASSWORD = "console-test-password"
+
+SETUP = """
+import json
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+from fleet import actions
+from slotkeeper.management.commands.issue_token import issue
+
+out = {"nodes": {}}
+for name, caps in [("tank", ["gpu"]), ("architect", []), ("morpheus", [])]:
+    node, token = actions.do_register_node(
+        None, name=name, cpu_cores=8, mem_total_mib=16384, disk_total_gib=200, capabilities=caps, now=timezone.now()
+    )
+    out["nodes"][name] = {"id": node.pk, "token": token}
+out["operator_token"] = issue("otto", "operator")
+user = get_user_model().objects.get(username="otto")
+user.set_password(%r)
+user.save(update_fields=["password"])
+print("SETUP" + json.dumps(out))
+"""
+
+
+@dataclass
+class Console:
+    url: str
+    nodes: dict
+    operator_token: str
+    process: subprocess.Popen
+
+    def api(self, method: str, path: str, token: str, body: dict | None = None) -> dict:
+        request = urllib.request.Request(
+            self.url + path,
+            method=method,
+            data=json.dumps(body).encode() if body is not None else None,
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())
+
+    def heartbeat(self, name: str, *, used_mib: int) -> dict:
+        node = self.nodes[name]
+        report = {"mem_total_mib": 16384, "mem_used_mib": used_mib, "disk_free_gib": 150.0, "cpu_pct": 4.0,
+                  "load1": 0.2, "instances": []}  # fmt: skip
+        return self.api("POST", f"/api/nodes/{node['id']}/heartbeat", node["token"], report)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def environment(db_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in {"REDIS_URL", "DATABASE_URL"}}
+    env.update(
+        DATABASE_URL=f"sqlite:///{db_path}",
+        SECRET_KEY="browser-tests-only",
+        EMBEDDED_LOOP="1",
+        # Nodes heartbeat only when a test says so: keep them online and placeable for the whole run.
+        SLOTKEEPER_OFFLINE_AFTER_S="900",
+        SLOTKEEPER_HEALTH_MAX_AGE_S="900",
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def wait_healthy(url: str, process: subprocess.Popen, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"daphne exited with {process.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/healthz", timeout=1):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError("daphne did not answer /healthz in time")
+
+
+def start(workdir: Path) -> Console:
+    env = environment(workdir / "console.sqlite3")
+    manage = [sys.executable, str(ROOT / "manage.py")]
+    subprocess.run([*manage, "migrate", "-v", "0"], env=env, cwd=ROOT, check=True)
+    setup = subprocess.run(
+        [*manage, "shell", "-c", SETUP % PASSWORD],
+        env=env,
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    data = json.loads(next(line for line in setup.stdout.splitlines() if line.startswith("SETUP"))[5:])
+    port = free_port()
+    with open(workdir / "daphne.log", "w") as log:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "daphne",
+                "-b",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "slotkeeper.asgi:application",
+            ],
+            env=env,
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, process)
+    except RuntimeError:
+        stop(process)
+        raise
+    return Console(url=url, nodes=data["nodes"], operator_token=data["operator_token"], process=process)
+
+
+def stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()

@@ -1,0 +1,137 @@
+"""The console in a real headless Chromium against a real Daphne: sign in, watch the fleet and the slot table
+change live as the API is used, drain a node through its preview, and find the drain in the audit feed.
+
+Screenshots of failures land in test-artifacts/. Skipped only when Debian's chromium is not installed.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.console import live
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = live.ROOT / "test-artifacts"
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium"),
+]
+
+
+@pytest.fixture(scope="module")
+def console(tmp_path_factory):
+    server = live.start(tmp_path_factory.mktemp("console"))
+    for name in server.nodes:
+        server.heartbeat(name, used_mib=2048)
+    yield server
+    live.stop(server.process)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture(scope="module")
+def signed_in(browser, console):
+    """One operator session for the module: signing in once keeps the whole file well under a minute."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context.set_default_timeout(10_000)
+    page = context.new_page()
+    page.goto(console.url + "/login/")
+    page.fill("input[name=username]", "otto")
+    page.fill("input[name=password]", live.PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_url(console.url + "/")
+    yield context
+    context.close()
+
+
+@pytest.fixture
+def page(signed_in, request):
+    page = signed_in.new_page()
+    yield page
+    report = getattr(request.node, "report_call", None)
+    if report is not None and report.failed:
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / f"{request.node.name}.png"), full_page=True)
+    page.close()
+
+
+def wait_live(page) -> None:
+    # Changes are only pushed to a page whose websocket is open; waiting for it makes "no reload" a fair test.
+    page.wait_for_selector("#live-state.ok")
+
+
+def test_an_operator_signs_in_and_sees_the_fleet(page, console):
+    page.goto(console.url + "/")
+    for name in ("tank", "architect", "morpheus"):
+        assert page.locator(f'tr[data-node="{name}"]').count() == 1
+    assert page.locator('[data-total="online"]').inner_text() == "online 3"
+    assert "otto · operator" in page.locator("#whoami").inner_text()
+
+
+def test_a_heartbeat_moves_a_memory_bar_without_a_reload(page, console):
+    page.goto(console.url + "/")
+    wait_live(page)
+    page.evaluate("window.notReloaded = true")
+    bar = page.locator('tr[data-node="architect"] [data-observed-pct]')
+    assert bar.get_attribute("data-observed-pct") == "12.5"
+    console.heartbeat("architect", used_mib=12288)
+    page.wait_for_selector('tr[data-node="architect"] [data-observed-pct="75.0"]')
+    assert page.evaluate("window.notReloaded") is True
+
+
+def test_a_lease_submitted_through_the_api_appears_on_the_slot_table_live(page, console):
+    page.goto(console.url + "/slots/?zoom=6h")
+    wait_live(page)
+    page.evaluate("window.notReloaded = true")
+    lease = console.api(
+        "POST",
+        "/api/leases",
+        console.operator_token,
+        {
+            "name": "render-farm",
+            "type": "immediate",
+            "duration_s": 3600,
+            "nodes": [{"cpu_cores": 2, "mem_mib": 4096}],
+        },
+    )
+    bar = page.locator(f'svg.slots [data-lease="{lease["id"]}"]')
+    bar.wait_for()
+    assert "render-farm" in bar.locator("title").text_content()
+    assert page.evaluate("window.notReloaded") is True
+
+
+def test_a_drain_with_a_reason_goes_through_its_preview_and_lands_in_the_audit_feed(page, console):
+    node = console.nodes["morpheus"]
+    page.goto(f"{console.url}/nodes/{node['id']}/")
+    page.fill("#drain-form input[name=reason]", "kernel upgrade, ticket 412")
+    page.click("#drain-form button[type=submit]")
+    page.wait_for_selector("#confirm-drain")
+    assert "kernel upgrade, ticket 412" in page.locator("#drain-preview").inner_text()
+    page.click("#confirm-drain")
+    page.wait_for_selector("[data-status]:text('draining')")
+    assert page.locator("[data-drain-reason]").inner_text() == "kernel upgrade, ticket 412"
+    page.goto(console.url + "/audit/?action=node.drain")
+    row = page.locator('tr[data-action="node.drain"]').first
+    assert re.search(r"otto.*node\.drain.*morpheus.*kernel upgrade, ticket 412", row.inner_text(), re.S)
