@@ -207,6 +207,8 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "NodeStatusEnum": "fleet.models.NodeStatus",
         "ReservationStatusEnum": "leases.models.ReservationStatus",
+        "LeaseStateEnum": "leases.models.LEASE_STATE_CHOICES",
+        "InstanceStateEnum": "leases.models.INSTANCE_STATE_CHOICES",
     },
 }
 

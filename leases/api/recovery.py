@@ -231,7 +231,11 @@ class RescheduleViewSet(viewsets.ReadOnlyModelViewSet):
         )
         return Response(RescheduleSerializer(proposal).data)
 
-    @extend_schema(request=ApproveManySerializer, responses={200: ApprovalResultSerializer(many=True)})
+    @extend_schema(
+        operation_id="reschedules_approve_many",
+        request=ApproveManySerializer,
+        responses={200: ApprovalResultSerializer(many=True)},
+    )
     @action(detail=False, methods=["post"], url_path="approve")
     def approve_many(self, request):
         data = ApproveManySerializer(data=request.data)
