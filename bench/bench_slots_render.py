@@ -12,7 +12,7 @@ reservations, so the difference is what the bars cost.
 
 Prints p50/p95 wall and CPU milliseconds, the bytes sent and the queries run.
 
-    .venv/bin/python bench/bench_slots_render.py [--quick] [--db postgres|sqlite] [--repeat 30]
+    .venv/bin/python bench/bench_slots_render.py [--quick] [--db postgres|sqlite] [--repeat 20]
 """
 
 from __future__ import annotations
@@ -156,12 +156,12 @@ def report(client, nodes: int, reservations: int, start: datetime, repeat: int, 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="5 renders per view instead of 30")
+    parser.add_argument("--quick", action="store_true", help="5 renders per view instead of 20")
     parser.add_argument("--db", choices=["postgres", "sqlite"], default="postgres")
     parser.add_argument("--repeat", type=int, default=None)
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
-    repeat = args.repeat or (5 if args.quick else 30)
+    repeat = args.repeat or (5 if args.quick else 20)
 
     start_django(fresh_postgres() if args.db == "postgres" else fresh_sqlite(SQLITE_PATH))
     from django.utils import timezone
