@@ -488,7 +488,7 @@ def main() -> None:
     if args.profile:
         profile(nodes, 2000)
         return
-    print("  phase", " " * 22, "accepted     latency", file=sys.stderr)
+    print(f"  {'phase':<28}{'accepted':>11}  {'latency':>12}")
     print(line("db floor (raw psycopg)", db_floor(url, nodes, args.threads, seconds)))
     print(line("db batched x100 (per flush)", db_batched(url, nodes, 100, seconds)))
     print(line("api in-process", api_in_process(nodes, args.threads, seconds), TARGET_PER_S))
