@@ -49,6 +49,10 @@ class NodeRow:
     def committed_pct(self) -> float:
         return self.pct(self.use.committed_mib if self.use else None)
 
+    @property
+    def overcommitted(self) -> bool:
+        return self.use is not None and self.use.committed_mib > self.node.mem_total_mib
+
 
 @dataclass
 class CapacityTotals:
