@@ -196,8 +196,9 @@ def _reconcile_running(inst: Instance, status: str | None, report: dict | None, 
         why = f"agent reports it {status}"
         if report and report.get("exit_code") is not None:
             why += f" with exit code {report['exit_code']}"
-        if report and report.get("detail"):
-            why += f": {report['detail'][:200]}"
+        detail = (report or {}).get("detail") or ""
+        if detail and not detail.startswith("exit code"):  # the agent's default detail repeats the code
+            why += f": {detail[:200]}"
         _unhealthy(inst, now, why)
     elif status is None and inst.state == _I.RUNNING:
         _unhealthy(inst, now, "missing from the agent's report")

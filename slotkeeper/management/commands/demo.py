@@ -182,6 +182,7 @@ def submit_demo_leases(server: str, stop: threading.Event, every_s: float = 8.0)
     rng = random.Random()
     n = 0
     stop.wait(10)  # let the agents' first heartbeats land, or every node would still be stale
+    _demo_recovery_cases(server, session)
     while not stop.is_set():
         n += 1
         kind = rng.choices(["best_effort", "advance_reservation", "immediate"], [6, 2, 1])[0]
@@ -203,3 +204,34 @@ def submit_demo_leases(server: str, stop: threading.Event, every_s: float = 8.0)
         with contextlib.suppress(requests.RequestException):
             session.post(f"{server}/api/leases/", json=body, timeout=10)
         stop.wait(every_s)
+
+
+def _demo_recovery_cases(server: str, session) -> None:
+    """Things an operator should be able to find in the demo: a crash-looping instance whose restart history fills
+    up and ends failed, and an anti-affinity group whose members a node death will test."""
+    session.post(
+        f"{server}/api/groups/", json={"name": "web", "policy": "anti_affinity", "hard": True}, timeout=10
+    )
+    for i in range(3):
+        session.post(
+            f"{server}/api/leases/",
+            json={
+                "name": f"web-{i}",
+                "type": "best_effort",
+                "duration_s": 4 * 3600,
+                "nodes": [{"cpu_cores": 1, "mem_mib": 2048, "disk_gib": 5}],
+                "groups": ["web"],
+            },
+            timeout=10,
+        )
+    session.post(
+        f"{server}/api/leases/",
+        json={
+            "name": "crash-loop",
+            "type": "best_effort",
+            "duration_s": 3600,
+            "nodes": [{"cpu_cores": 1, "mem_mib": 1024, "disk_gib": 1}],
+            "spec": {"sim": {"crash_after_s": 8, "exit_code": 3}},
+        },
+        timeout=10,
+    )
