@@ -13,6 +13,9 @@ then runs each phase for a fixed time and prints accepted heartbeats/s with p50/
   ASGI handler allow before any view or query runs.
 - api over http: the heartbeat against the same Daphne (the full run also tries two Daphne processes,
   the distributed deployment's shape, with the connections split between them).
+- the same with CONN_MAX_AGE=0: under ASGI each request runs on a fresh thread, and a persistent connection per
+  thread piles up until PostgreSQL refuses clients (500s). This variant measures the cheapest fix, a new connection
+  per request, through a settings module written to /tmp for the run (the project's files stay as they are).
 
 The HTTP client is a small asyncio loop over raw keep-alive sockets rather than `requests`: on two cores every
 client CPU cycle is taken from the server, and `requests` costs about as much per call as the view does.
@@ -125,7 +128,7 @@ def line(name: str, run: Run, target: float | None = None) -> str:
         "" if target is None else ("  PASS" if run.per_s >= target else f"  FAIL (target {target:,.0f}/s)")
     )
     return (
-        f"  {name:<28}{run.per_s:>9,.0f}/s  p50 {pct(ms, 50):7.2f} ms  p99 {pct(ms, 99):7.2f} ms"
+        f"  {name:<34}{run.per_s:>9,.0f}/s  p50 {pct(ms, 50):7.2f} ms  p99 {pct(ms, 99):7.2f} ms"
         f"  ({run.accepted:,} ok{refused(run)}){verdict}"
     )
 
@@ -295,12 +298,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_daphne(database_url: str, log: Path) -> tuple[subprocess.Popen, int]:
+SHIM = Path("/tmp/slotkeeper_bench_settings")
+
+
+def daphne_env(database_url: str, conn_max_age: int | None) -> dict[str, str]:
+    """The project's settings, or with `conn_max_age` a settings module written for this run that changes only
+    CONN_MAX_AGE: how the suggested fix for the connection pile-up is measured without touching the project."""
+    env = bench_env(database_url)
+    if conn_max_age is None:
+        return env
+    SHIM.mkdir(exist_ok=True)
+    (SHIM / "bench_settings.py").write_text(
+        f'from slotkeeper.settings import *  # noqa: F403\nDATABASES["default"]["CONN_MAX_AGE"] = {conn_max_age}\n'
+    )
+    return {**env, "DJANGO_SETTINGS_MODULE": "bench_settings", "PYTHONPATH": str(SHIM)}
+
+
+def start_daphne(database_url: str, log: Path, conn_max_age: int | None) -> tuple[subprocess.Popen, int]:
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "slotkeeper.asgi:application"],
         cwd=ROOT,
-        env=bench_env(database_url),
+        env=daphne_env(database_url, conn_max_age),
         stdout=subprocess.DEVNULL,
         stderr=log.open("ab"),
     )
@@ -414,23 +433,38 @@ class ConnectionPeak:
 
 @dataclass
 class HttpResult:
-    floor: Run
+    floor: Run | None
     beats: Run
     cpu_ms: float  # Daphne CPU (user + system) per accepted heartbeat
     peak_connections: int
 
 
+@dataclass(frozen=True)
+class Server:
+    processes: int
+    conn_max_age: int | None = None  # None: the project's settings
+
+    @property
+    def label(self) -> str:
+        return f"x{self.processes}" + (
+            "" if self.conn_max_age is None else f" CONN_MAX_AGE={self.conn_max_age}"
+        )
+
+
 def over_http(
-    database_url: str, nodes: list[tuple[int, str]], servers: int, connections: int, seconds: float
+    database_url: str, nodes: list[tuple[int, str]], server: Server, connections: int, seconds: float
 ) -> HttpResult:
-    """GET /healthz, then heartbeats, against `servers` Daphne processes started for the purpose."""
+    """GET /healthz (with the project's settings only), then heartbeats, against Daphne processes started for the
+    purpose."""
     import psutil
 
     log = Path("/tmp/slotkeeper_bench_daphne.log")
-    started = [start_daphne(database_url, log) for _ in range(servers)]
+    started = [start_daphne(database_url, log, server.conn_max_age) for _ in range(server.processes)]
     ports = [port for _, port in started]
     try:
-        floor = asyncio.run(http_load(ports, [HEALTHZ], connections, seconds))
+        floor = None
+        if server.conn_max_age is None:
+            floor = asyncio.run(http_load(ports, [HEALTHZ], connections, seconds))
         requests = [heartbeat_request(node_id, token) for node_id, token in nodes]
         procs = [psutil.Process(p.pid) for p, _ in started]
         cpu0 = sum(sum(p.cpu_times()[:2]) for p in procs)
@@ -488,17 +522,19 @@ def main() -> None:
     if args.profile:
         profile(nodes, 2000)
         return
-    print(f"  {'phase':<28}{'accepted':>11}  {'latency':>12}")
+    print(f"  {'phase':<34}{'accepted':>11}  {'latency':>12}")
     print(line("db floor (raw psycopg)", db_floor(url, nodes, args.threads, seconds)))
     print(line("db batched x100 (per flush)", db_batched(url, nodes, 100, seconds)))
     print(line("api in-process", api_in_process(nodes, args.threads, seconds), TARGET_PER_S))
-    for servers in (1,) if args.quick else (1, 2):
-        print(f"  ... {servers} Daphne process(es)", file=sys.stderr)
-        http = over_http(url, nodes, servers, args.connections, seconds)
-        print(line(f"http floor /healthz x{servers}", http.floor))
-        print(line(f"api over http x{servers}", http.beats, TARGET_PER_S))
+    servers = [Server(1), Server(1, conn_max_age=0)] + ([] if args.quick else [Server(2), Server(2, 0)])
+    for server in servers:
+        print(f"  ... Daphne {server.label}", file=sys.stderr)
+        http = over_http(url, nodes, server, args.connections, seconds)
+        if http.floor:
+            print(line(f"http floor /healthz {server.label}", http.floor))
+        print(line(f"api over http {server.label}", http.beats, TARGET_PER_S))
         print(
-            f"  {'':<28}Daphne CPU {http.cpu_ms:.2f} ms per heartbeat, "
+            f"  {'':<34}Daphne CPU {http.cpu_ms:.2f} ms per heartbeat, "
             f"peak {http.peak_connections} database connections"
         )
 
