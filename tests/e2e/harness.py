@@ -478,6 +478,13 @@ class Cluster:
     def restart(self, name: str) -> None:
         self.procs[name].start()
 
+    def restart_worker(self, name: str) -> None:
+        """Starts a killed worker again and waits for its "ready." (the log is appended to, so count them)."""
+        log = self.procs[name].log_text
+        before = log().count("ready.")
+        self.restart(name)
+        wait_for(lambda: log().count("ready.") > before, 60, f"{name} ready again")
+
     def _ready(self, url: str) -> bool:
         return requests.get(url + "/readyz", timeout=2).json().get("ready") is True
 
