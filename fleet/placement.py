@@ -99,14 +99,21 @@ def place(
 
 
 def verdict_rows(placement: capacity.Placement, ids_by_name: Mapping[str, int] | None = None) -> list[dict]:
-    rows = []
-    for v in placement.verdicts:
-        row = asdict(v)
-        row["numbers"] = dict(v.numbers)
-        if ids_by_name is not None:
-            row["node_id"] = ids_by_name.get(v.node)
-        rows.append(row)
-    return rows
+    # Built field by field: dataclasses.asdict deep-copies every number and was most of a report's cost.
+    ids = ids_by_name or {}
+    return [
+        {
+            "node": v.node,
+            "node_id": ids.get(v.node),
+            "fit": v.fit,
+            "reason_code": None if v.reason_code is None else str(v.reason_code),
+            "reason": v.reason,
+            "slots": v.slots,
+            "headroom": v.headroom,
+            "numbers": dict(v.numbers),
+        }
+        for v in placement.verdicts
+    ]
 
 
 def record(

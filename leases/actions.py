@@ -189,21 +189,19 @@ def claims(now: datetime, node_ids) -> dict[int, tuple[tuple, tuple]]:
     from leases.recovery import LIVE
 
     out: dict[int, tuple[list, list]] = {}
-    rows = (
-        Instance.objects.filter(node_id__in=node_ids, state__in=LIVE)
-        .select_related("lease")
-        .only("iid", "node_id", "vnode", "state", "lease__vnodes")
+    rows = Instance.objects.filter(node_id__in=node_ids, state__in=LIVE).values_list(
+        "iid", "node_id", "vnode", "state", "lease__vnodes"
     )
-    for inst in rows:
-        v = inst.lease.vnodes[inst.vnode - 1]
+    for iid, node_id, vnode, state, vnodes in rows:
+        v = vnodes[vnode - 1]
         claim = Claim(
-            id=inst.iid,
+            id=iid,
             mem_mib=int(v["mem_mib"]),
             disk_gib=int(v.get("disk_gib", 0)),
             cpu_cores=float(v.get("cpu_cores", 0)),
         )
-        running, pending = out.setdefault(inst.node_id, ([], []))
-        (running if inst.state == "running" else pending).append(claim)
+        running, pending = out.setdefault(node_id, ([], []))
+        (running if state == "running" else pending).append(claim)
     return {k: (tuple(r), tuple(p)) for k, (r, p) in out.items()}
 
 

@@ -296,9 +296,9 @@ def _create_allocations(
 
 def move_vnode(plan: Planning, lease_id: int, vnode: int, old_node: int, new_node: int) -> bool:
     """Moves one vnode's share of a lease's live reservations from `old_node` to `new_node` in the slot table (a
-    reschedule). All or nothing: if any reservation would overcommit the new node, nothing moves."""
+    reschedule). All or nothing: if any reservation would overcommit the new node, nothing moves. The caller
+    advances the scheduler to now first, so reservations already over are retired and not compared."""
     sched = plan.scheduler
-    sched.advance(plan.t, plan.excluded)  # retire what is already over, so only live rows are compared
     rec = sched.leases.get(lease_id)
     if rec is None:
         return False

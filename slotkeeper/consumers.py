@@ -43,9 +43,9 @@ class ConsoleConsumer(AsyncWebsocketConsumer):
             await self.send(text_data="pong")
 
     async def console_event(self, message):
-        payload = {k: v for k, v in message.items() if k != "type"}
-        key = tuple(sorted((k, str(v)) for k, v in payload.items()))
-        self.pending[key] = payload
+        for payload in message.get("events") or [{k: v for k, v in message.items() if k != "type"}]:
+            key = tuple(sorted((k, str(v)) for k, v in payload.items()))
+            self.pending[key] = payload
         if self.flush_task is None or self.flush_task.done():
             self.flush_task = asyncio.create_task(self._flush_soon())
 
