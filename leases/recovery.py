@@ -122,16 +122,29 @@ def wind_down(inst: Instance, now: datetime, *, finished: bool, reason: str) -> 
 # -- leases drive their instances ----------------------------------------------------------------------------
 
 
+def present_instances(lease_ids: Iterable[int]) -> dict[int, list[Instance]]:
+    """The instances that stand for their vnodes (live, lost or failed), by lease, oldest generation first."""
+    out: dict[int, list[Instance]] = {}
+    rows = Instance.objects.filter(lease_id__in=list(lease_ids), state__in=[*LIVE, _I.LOST, _I.FAILED])
+    for inst in rows.order_by("generation"):
+        out.setdefault(inst.lease_id, []).append(inst)
+    return out
+
+
 def sync_lease_instances(
-    lease_id: int, lease_state: LeaseState, vm_nodes: dict[int, int] | None, now: datetime
+    lease_id: int,
+    lease_state: LeaseState,
+    vm_nodes: dict[int, int] | None,
+    now: datetime,
+    *,
+    present: list[Instance] | None = None,
 ) -> None:
     """Keeps a lease's instances consistent with its state: one live instance per vnode while it is active, on the
     node its VM reservation names; none otherwise."""
     # A lost or failed instance still stands for its vnode: a reschedule (or an operator) decides what replaces it,
     # never a side effect of some other change to the lease.
-    present = Instance.objects.filter(lease_id=lease_id, state__in=[*LIVE, _I.LOST, _I.FAILED]).order_by(
-        "generation"
-    )
+    if present is None:
+        present = present_instances([lease_id]).get(lease_id, [])
     live = {i.vnode: i for i in present}
     if lease_state == LeaseState.ACTIVE and vm_nodes:
         for vnode, node_id in vm_nodes.items():

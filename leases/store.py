@@ -214,46 +214,61 @@ def planning(now: datetime) -> Iterator[Planning]:
 
 
 def apply(sched: Scheduler, changes: list[Change]) -> set[int]:
-    """Write a change journal: reservations (and their per-node allocations) and lease states with history."""
-    touched: set[int] = set()
+    """Writes a change journal: lease states with their history, reservations and their per-node allocations.
+
+    Batched: a burst (a bulk approval, a tick that starts a hundred reservations) costs a handful of statements,
+    not a handful per change. The last snapshot of each reservation in the journal is the one written.
+    """
+    touched = {c.lease_id for c in changes}
+    if not changes:
+        return touched
+    _write_states([c for c in changes if c.what == "lease_state"])
+    latest: dict[int, ReservationRecord] = {}
     for change in changes:
-        touched.add(change.lease_id)
-        if change.what == "lease_state":
-            _write_state(change)
-        elif change.reservation is not None:
-            _write_reservation(sched, change)
-    if touched:
-        _sync_leases(sched, touched)
-        _sync_instances(sched, touched, changes)
+        if change.reservation is not None:
+            latest[change.reservation.rid] = change.reservation
+    if latest:
+        _write_reservations(sched, latest)
+    _sync_leases(sched, touched)
+    _sync_instances(sched, touched, changes)
     return touched
 
 
 def _sync_instances(sched: Scheduler, touched: set[int], changes: list[Change]) -> None:
-    from leases.recovery import sync_lease_instances
+    from leases.recovery import present_instances, sync_lease_instances
 
-    when = max(c.at for c in changes)
+    when = from_epoch(max(c.at for c in changes))
+    present = present_instances(touched)
     for lease_id in sorted(touched):
         rec = sched.leases.get(lease_id)
         if rec is None:
             continue
         vm = rec.current_vm()
         nodes = dict(vm.nodes) if vm is not None and vm.status == "active" else None
-        sync_lease_instances(lease_id, rec.state, nodes, from_epoch(when))
+        sync_lease_instances(lease_id, rec.state, nodes, when, present=present.get(lease_id, []))
 
 
-def _write_state(change: Change) -> None:
-    lease = Lease.objects.only("id", "state").get(pk=change.lease_id)
-    LeaseEvent.objects.create(
-        lease_id=lease.pk, at=from_epoch(change.at), from_state=lease.state, to_state=str(change.state)
-    )
-    Lease.objects.filter(pk=lease.pk).update(state=str(change.state))
+def _write_states(changes: list[Change]) -> None:
+    if not changes:
+        return
+    current = dict(Lease.objects.filter(pk__in={c.lease_id for c in changes}).values_list("id", "state"))
+    history = []
+    for change in changes:
+        history.append(
+            LeaseEvent(
+                lease_id=change.lease_id,
+                at=from_epoch(change.at),
+                from_state=current[change.lease_id],
+                to_state=str(change.state),
+            )
+        )
+        current[change.lease_id] = str(change.state)
+    LeaseEvent.objects.bulk_create(history)
+    Lease.objects.bulk_update([Lease(pk=pk, state=state) for pk, state in current.items()], ["state"])
 
 
-def _write_reservation(sched: Scheduler, change: Change) -> None:
-    r = change.reservation
-    assert r is not None
-    rec = sched.leases[r.lease_id]
-    fields = {
+def _reservation_fields(r: ReservationRecord) -> dict:
+    return {
         "lease_id": r.lease_id,
         "kind": r.kind,
         "start": from_epoch(r.start),
@@ -262,26 +277,50 @@ def _write_reservation(sched: Scheduler, change: Change) -> None:
         "nodes": {str(k): v for k, v in r.nodes.items()},
         "sources": {str(k): v for k, v in r.sources.items()},
     }
-    row, created = Reservation.objects.update_or_create(rid=r.rid, defaults=fields)
+
+
+def _write_reservations(sched: Scheduler, latest: dict[int, ReservationRecord]) -> None:
+    existing = {row.rid: row for row in Reservation.objects.filter(rid__in=latest)}
+    created = Reservation.objects.bulk_create(
+        [Reservation(rid=rid, **_reservation_fields(r)) for rid, r in latest.items() if rid not in existing]
+    )
+    changed = []
+    for rid, row in existing.items():
+        for field, value in _reservation_fields(latest[rid]).items():
+            setattr(row, field, value)
+        changed.append(row)
+    if changed:
+        Reservation.objects.bulk_update(changed, ["kind", "start", "end", "status", "nodes", "sources"])
+    allocations: dict[int, list[Allocation]] = {}
+    for a in Allocation.objects.filter(reservation__in=changed):
+        allocations.setdefault(a.reservation_id, []).append(a)
+    fresh, stale, moved_rows = [], [], []
+    for row in created:
+        fresh.extend(_allocations(sched, latest[row.rid], row))
+    for row in changed:
+        rows = allocations.get(row.pk, [])
+        live = row.status in LIVE_RESERVATION_STATUSES
+        if {a.node_id for a in rows} != set(latest[row.rid].nodes.values()):
+            # A vnode moved (a reschedule): the per-node rows follow it.
+            moved_rows.append(row.pk)
+            fresh.extend(_allocations(sched, latest[row.rid], row))
+            continue
+        for a in rows:
+            a.start, a.end, a.live = row.start, row.end, live
+            stale.append(a)
+    if moved_rows:
+        Allocation.objects.filter(reservation_id__in=moved_rows).delete()
+    if stale:
+        Allocation.objects.bulk_update(stale, ["start", "end", "live"])
+    if fresh:
+        Allocation.objects.bulk_create(fresh)
+
+
+def _allocations(sched: Scheduler, r: ReservationRecord, row: Reservation) -> list[Allocation]:
     live = r.status in LIVE_RESERVATION_STATUSES
-    if created:
-        _create_allocations(sched, rec, r, row, live)
-    elif set(Allocation.objects.filter(reservation=row).values_list("node_id", flat=True)) != set(
-        r.nodes.values()
-    ):
-        # A vnode moved (a reschedule): the per-node rows follow it.
-        Allocation.objects.filter(reservation=row).delete()
-        _create_allocations(sched, rec, r, row, live)
-    else:
-        Allocation.objects.filter(reservation=row).update(start=row.start, end=row.end, live=live)
-
-
-def _create_allocations(
-    sched: Scheduler, rec: LeaseRecord, r: ReservationRecord, row: Reservation, live: bool
-):
-    Allocation.objects.bulk_create(
+    return [
         Allocation(
-            reservation=row,
+            reservation_id=row.pk,
             node_id=node_id,
             start=row.start,
             end=row.end,
@@ -290,8 +329,8 @@ def _create_allocations(
             mem_mib=res.mem,
             disk_gib=res.disk,
         )
-        for node_id, res in sched.alloc_of(rec, r).items()
-    )
+        for node_id, res in sched.alloc_of(sched.leases[r.lease_id], r).items()
+    ]
 
 
 def move_vnode(plan: Planning, lease_id: int, vnode: int, old_node: int, new_node: int) -> bool:
@@ -325,18 +364,24 @@ def move_vnode(plan: Planning, lease_id: int, vnode: int, old_node: int, new_nod
 
 
 def _sync_leases(sched: Scheduler, lease_ids: set[int]) -> None:
+    rows = []
     for lease_id in lease_ids:
         rec = sched.leases.get(lease_id)
         if rec is None:
             continue
-        Lease.objects.filter(pk=lease_id).update(
-            run_time_s=rec.run_time,
-            lost_run_time_s=rec.lost_run_time,
-            first_start=from_epoch(rec.first_start) if rec.first_start is not None else None,
-            ended_at=from_epoch(rec.end) if rec.end is not None else None,
-            in_future=rec.in_future,
-            images={str(k): v for k, v in rec.images.items()},
+        rows.append(
+            Lease(
+                pk=lease_id,
+                run_time_s=rec.run_time,
+                lost_run_time_s=rec.lost_run_time,
+                first_start=from_epoch(rec.first_start) if rec.first_start is not None else None,
+                ended_at=from_epoch(rec.end) if rec.end is not None else None,
+                in_future=rec.in_future,
+                images={str(k): v for k, v in rec.images.items()},
+            )
         )
+    fields = ["run_time_s", "lost_run_time_s", "first_start", "ended_at", "in_future", "images"]
+    Lease.objects.bulk_update(rows, fields)
 
 
 def drop_cache() -> None:
