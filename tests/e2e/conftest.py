@@ -1,5 +1,5 @@
 """The e2e marker, when the e2e tests run (PostgreSQL and Redis configured: CI's second pass), and the one cluster
-all of them share (starting it costs about half a minute; each test leaves it as it found it)."""
+all of them share (starting it takes 10-20 s here; each test leaves it as it found it)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytes
 FAILED = pytest.StashKey[bool]()
 
 
-@pytest.fixture(scope="session")
+# Package scope: torn down after the last e2e test, so the rest of a full run does not share two cores with idle
+# Daphnes, workers and agents heartbeating every second.
+@pytest.fixture(scope="package")
 def cluster(request: pytest.FixtureRequest):
     capture = request.config.pluginmanager.getplugin("capturemanager")
 

@@ -258,7 +258,7 @@ class ConsoleSocket:
             try:
                 with connect(
                     url,
-                    origin=self.base,  # type: ignore[arg-type]
+                    origin=self.base,
                     additional_headers={"Cookie": self._cookie},
                     open_timeout=5,
                     close_timeout=1,
@@ -544,7 +544,7 @@ class Cluster:
 
     def sql(self, query: str, *params: Any) -> list[tuple]:
         with psycopg.connect(self.e2e_database_url, autocommit=True) as conn:
-            return conn.execute(query, params).fetchall()  # type: ignore[arg-type]
+            return conn.execute(query, params).fetchall()
 
     def invariants(self) -> dict[str, list]:
         """The invariant queries, run by Django against the e2e database (the overcommit query is the one the

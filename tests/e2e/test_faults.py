@@ -36,7 +36,7 @@ def burst(cluster: Cluster, tag: str, count: int) -> list[int]:
 
 
 def states(cluster: Cluster, ids: list[int]) -> dict[int, str]:
-    return dict(cluster.sql("SELECT id, state FROM leases_lease WHERE id = ANY(%s)", ids))  # type: ignore[arg-type]
+    return dict(cluster.sql("SELECT id, state FROM leases_lease WHERE id = ANY(%s)", ids))
 
 
 def all_finished(cluster: Cluster, ids: list[int]) -> bool:
@@ -166,9 +166,13 @@ def test_with_redis_stopped_for_20_s_scheduling_goes_on_and_consoles_resync_when
         say("redis back")
         marks = a.mark(), b.mark()
         for console, mark in zip((a, b), marks, strict=True):
+            # Without Redis a console cannot stay subscribed: Daphne closes it (1011) and refuses new ones until
+            # Redis is back; the console must then be subscribed again, not left on a socket that hears nothing.
+            wait_for(lambda c=console: c.hellos >= 2, 30, f"the console on {console.base} to reconnect")
             wait_for(
                 lambda c=console, m=mark: c.saw("node-changed", m), 30, f"events again on {console.base}"
             )
+        say(f"consoles back: {a.hellos - 1} and {b.hellos - 1} reconnections")
         # Ticks resume: the leases placed while Redis was away end on time.
         wait_for(
             lambda: all_finished(cluster, during), 60, "the leases submitted during the outage to finish"
