@@ -34,15 +34,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+# Set when an e2e test fails, so the run's folder (every process's log) is kept for the post-mortem.
+FAILED = pytest.StashKey[bool]()
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytest.TestReport:
     report: pytest.TestReport = yield
     if report.failed and item.get_closest_marker("e2e"):
         item.session.stash[FAILED] = True
     return report
-
-
-FAILED = pytest.StashKey[bool]()
 
 
 # Package scope: torn down after the last e2e test, so the rest of a full run does not share two cores with idle
@@ -59,6 +60,10 @@ def cluster(request: pytest.FixtureRequest):
     running = harness.Cluster(os.environ["DATABASE_URL"])
     try:
         running.start()
+    except BaseException:
+        running.stop()  # the folder stays: its logs say why the run did not come up
+        raise
+    try:
         yield running
     finally:
         running.stop()

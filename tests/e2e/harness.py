@@ -219,10 +219,6 @@ class ConsoleSocket:
                 self._ws.close()
         self._thread.join(5)
 
-    @property
-    def connected(self) -> bool:
-        return self._ws is not None
-
     def mark(self) -> int:
         with self._lock:
             return len(self.events)
@@ -379,8 +375,8 @@ class Cluster:
             SLOTKEEPER_HEALTH_MAX_AGE_S="10",
             LOG_FORMAT="plain",
             PYTHONUNBUFFERED="1",
-            # The venv first: an instance's "python" must not go through a pyenv shim (a shell script that costs
-            # a fork-and-exec storm per start on this 2-core machine).
+            # The venv first: an instance's "python" must not resolve to a pyenv shim, a bash script that runs
+            # pyenv before every start and may pick another interpreter than the one under test.
             PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
         )
         env.update(extra)
@@ -554,15 +550,6 @@ class Cluster:
         running = instance_processes(self.tmp)
         found["instances_running_twice"] = sorted(iid for iid, procs in running.items() if len(procs) > 1)
         return found
-
-    def workers_in_transaction(self) -> list[str]:
-        """Celery workers with a database transaction open right now: a tick in the middle of its work."""
-        rows = self.sql(
-            "SELECT application_name FROM pg_stat_activity WHERE datname = %s"
-            " AND application_name LIKE 'e2e-worker%%' AND xact_start IS NOT NULL",
-            E2E_DATABASE,
-        )
-        return sorted({r[0].removeprefix("e2e-") for r in rows})
 
 
 INVARIANTS = """

@@ -96,7 +96,7 @@ def submit_and_kill(cluster: Cluster, name: str) -> int | None:
 
     def send() -> None:
         try:
-            response = cluster.api(0).post("/api/leases/", lease_body(name, driver="sim"))
+            response = cluster.api(0).post("/api/leases/", lease_body(name, driver="sim", duration_s=30))
         except OSError:
             return
         if response.status_code == 201:
@@ -120,7 +120,9 @@ def test_killing_a_daphne_mid_broadcast_the_consoles_reconnect_and_resync(cluste
             name = f"e2e-daphne-kill-{round_}"
             acknowledged = submit_and_kill(cluster, name)
             # Submitted while the first Daphne is down: the console there must find it when it resyncs.
-            missed = cluster.api(1).post("/api/leases/", lease_body(f"{name}-missed", driver="sim"))
+            missed = cluster.api(1).post(
+                "/api/leases/", lease_body(f"{name}-missed", driver="sim", duration_s=30)
+            )
             assert missed.status_code == 201, missed.text
             missed_id = missed.json()["id"]
 
