@@ -6,6 +6,7 @@ from rest_framework.routers import DefaultRouter
 
 from fleet import views as fleet_views
 from fleet.api.views import NodeViewSet, PlacementPreviewView, PlacementReportViewSet
+from leases import console_views as recovery_views
 from leases import views as lease_views
 from leases.api.recovery import (
     AlertViewSet,
@@ -60,6 +61,17 @@ urlpatterns = [
     path("slots/", lease_views.slot_table, name="slot-table"),
     path("leases/", lease_views.lease_list, name="lease-list"),
     path("leases/<int:lease_id>/", lease_views.lease_detail, name="lease-detail"),
+    path("instances/", recovery_views.instance_list, name="instance-list"),
+    path("instances/<str:iid>/", recovery_views.instance_detail, name="instance-detail"),
+    path("reschedules/", recovery_views.reschedule_list, name="reschedule-list"),
+    path(
+        "reschedules/pending-count", recovery_views.reschedule_pending_count, name="reschedule-pending-count"
+    ),
+    path("reschedules/confirm", recovery_views.reschedule_confirm, name="reschedule-confirm"),
+    path("reschedules/approve", recovery_views.reschedule_approve, name="reschedule-approve"),
+    path("reschedules/<int:pk>/reject", recovery_views.reschedule_reject, name="reschedule-reject"),
+    path("alerts/", recovery_views.alert_list, name="alert-list"),
+    path("nodes/<int:node_id>/drain-progress/", recovery_views.drain_progress, name="node-drain-progress"),
     path("audit/", console_views.audit_feed, name="audit-feed"),
     path("audit.csv", console_views.audit_csv, name="audit-csv"),
     path("login/", auth_views.LoginView.as_view(template_name="login.html"), name="login"),

@@ -1,0 +1,363 @@
+"""Console pages of recovery: instances with their state and restart history, reschedule proposals (approve one or
+many through one confirmation, reject with a reason), open alerts, and a draining node's progress.
+
+Each page URL also serves its live fragment to htmx (same URL, `HX-Request`), re-fetched on "instance-changed",
+"reschedule-changed" and "alert-raised" events. Every write goes through leases.recovery (do_approve, do_reject);
+the views re-check the role (a hidden checkbox is not a permission) and turn domain errors into result lines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import urlencode
+
+from django.contrib import messages
+from django.db.models import QuerySet
+from django.http import Http404, HttpRequest, QueryDict
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_POST
+from django.views.decorators.vary import vary_on_headers
+from django_htmx.http import replace_url
+
+from fleet.models import Node
+from leases import recovery
+from leases.lifecycle import InstanceState
+from leases.models import Alert, Group, Instance, Reschedule, RescheduleStatus
+from slotkeeper.decorators import role_required
+from slotkeeper.domain import DomainError, StaleVersion
+
+PAGE = 500  # rows of a list; beyond it the page says so and the filters narrow it
+CAUSES = ("node_dead", "drain")
+
+
+def fragment(request: HttpRequest) -> bool:
+    return bool(request.htmx) and not request.htmx.boosted
+
+
+def ints(values: list[str]) -> list[int]:
+    """Ids from a form, in order, without repeats or junk: a tampered field must not reach do_approve as a 500."""
+    out: list[int] = []
+    for v in values:
+        if v.isdigit() and int(v) not in out:
+            out.append(int(v))
+    return out
+
+
+# -- instances -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class InstanceFilters:
+    node: str = ""
+    lease: str = ""
+    state: str = ""
+
+    @classmethod
+    def from_query(cls, params: QueryDict) -> InstanceFilters:
+        lease = params.get("lease", "").strip()
+        state = params.get("state", "").strip()
+        return cls(
+            node=params.get("node", "").strip(),
+            lease=lease if lease.isdigit() else "",
+            state=state if state in InstanceState._value2member_map_ else "",
+        )
+
+    def query_string(self) -> str:
+        return urlencode({k: v for k, v in self.__dict__.items() if v})
+
+    def apply(self, qs: QuerySet[Instance]) -> QuerySet[Instance]:
+        if self.node:
+            # A node link carries the id; a person types the name.
+            qs = qs.filter(node_id=int(self.node)) if self.node.isdigit() else qs.filter(node__name=self.node)
+        if self.lease:
+            qs = qs.filter(lease_id=int(self.lease))
+        if self.state:
+            qs = qs.filter(state=self.state)
+        return qs
+
+
+@role_required("viewer")
+@vary_on_headers("HX-Request")
+def instance_list(request):
+    f = InstanceFilters.from_query(request.GET)
+    rows = list(
+        f.apply(
+            Instance.objects.select_related("node", "lease").order_by("lease_id", "vnode", "-generation")
+        )[: PAGE + 1]
+    )
+    context = {
+        "instances": rows[:PAGE],
+        "more": len(rows) > PAGE,
+        "filters": f,
+        "query": f.query_string(),
+        "states": [s.value for s in InstanceState],
+        "nodes": list(Node.objects.order_by("name").values_list("name", flat=True)),
+        "page": PAGE,
+    }
+    template = "instances/_instance_table.html" if fragment(request) else "instances/list.html"
+    return render(request, template, context)
+
+
+def successor(iid: str) -> Instance | None:
+    """The instance an old id now goes by. A restart gives the same row a new generation (and so a new id), so a
+    page left open on a crash-looping instance would 404 at its first restart without this."""
+    parts = iid.split("-")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        return None
+    lease, vnode, generation = (int(p) for p in parts)
+    return (
+        Instance.objects.filter(lease_id=lease, vnode=vnode, generation__gt=generation)
+        .order_by("generation")
+        .first()
+    )
+
+
+@role_required("viewer")
+@vary_on_headers("HX-Request")
+def instance_detail(request, iid: str):
+    inst = Instance.objects.select_related("node", "lease", "replaces").filter(iid=iid).first()
+    if inst is None:
+        inst = successor(iid)
+        if inst is None:
+            raise Http404(f"instance {iid} does not exist")
+        if not fragment(request):
+            return redirect("instance-detail", iid=inst.iid)
+    context = {
+        "inst": inst,
+        "events": list(inst.events.all()),
+        "restarts": list(inst.restarts.all()),
+        "reschedules": list(inst.reschedules.select_related("proposed_node", "new_instance")),
+        "replaced_by": Instance.objects.filter(replaces=inst).only("iid").first(),
+        "alerts": list(inst.alerts.filter(resolved_at=None)),
+    }
+    if not fragment(request):
+        return render(request, "instances/detail.html", context)
+    response = render(request, "instances/_instance_body.html", context)
+    # The id moved on (a restart): keep the address bar on the id the page now shows.
+    return replace_url(response, reverse("instance-detail", args=[inst.iid])) if inst.iid != iid else response
+
+
+# -- reschedules -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RescheduleFilters:
+    status: str = RescheduleStatus.PENDING
+    group: str = ""
+    cause: str = ""
+
+    @classmethod
+    def from_query(cls, params: QueryDict) -> RescheduleFilters:
+        # No status parameter means the work queue (pending); an empty one, chosen as "any status", means all.
+        status = params.get("status", RescheduleStatus.PENDING).strip()
+        cause = params.get("cause", "").strip()
+        return cls(
+            status=status if status in RescheduleStatus.values else "",
+            group=params.get("group", "").strip(),
+            cause=cause if cause in CAUSES else "",
+        )
+
+    def query_string(self) -> str:
+        return urlencode({"status": self.status, **{k: v for k, v in self.__dict__.items() if v}})
+
+    def apply(self, qs: QuerySet[Reschedule]) -> QuerySet[Reschedule]:
+        if self.status:
+            qs = qs.filter(status=self.status)
+        if self.group:
+            qs = qs.filter(lease__groups__name=self.group)
+        if self.cause:
+            qs = qs.filter(cause=self.cause)
+        return qs
+
+
+def proposals(f: RescheduleFilters) -> QuerySet[Reschedule]:
+    # The report is linked by its id only: its verdicts (one per node) are the heavy part and the list never
+    # shows them.
+    return (
+        f.apply(Reschedule.objects.all())
+        .select_related("instance__node", "lease", "proposed_node")
+        .defer("lease__vnodes", "lease__spec", "lease__images", "lease__message")
+        .prefetch_related("lease__groups")
+        .order_by("-created_at", "-id")
+    )
+
+
+def pending_count() -> int:
+    return Reschedule.objects.filter(status=RescheduleStatus.PENDING).count()
+
+
+@role_required("viewer")
+@vary_on_headers("HX-Request")
+def reschedule_list(request):
+    f = RescheduleFilters.from_query(request.GET)
+    rows = list(proposals(f)[: PAGE + 1])
+    context = {
+        "proposals": rows[:PAGE],
+        "more": len(rows) > PAGE,
+        "filters": f,
+        "query": f.query_string(),
+        # A live re-fetch sends the boxes still ticked, so an update arriving mid-selection keeps the selection.
+        "checked": set(ints(request.GET.getlist("id"))),
+        "statuses": RescheduleStatus.values,
+        "causes": CAUSES,
+        "groups": list(Group.objects.order_by("name").values_list("name", flat=True)),
+        "pending_count": pending_count(),
+        "page": PAGE,
+    }
+    template = "instances/_reschedule_table.html" if fragment(request) else "instances/reschedules.html"
+    return render(request, template, context)
+
+
+@role_required("viewer")
+def reschedule_pending_count(request):
+    return render(request, "instances/_pending_badge.html", {"pending_count": pending_count()})
+
+
+def chosen_ids(post: QueryDict) -> list[int]:
+    """The ticked ids, or every pending proposal matching the list's filters when "all matching" was asked."""
+    if post.get("all"):
+        f = RescheduleFilters.from_query(post)
+        f = RescheduleFilters(status=RescheduleStatus.PENDING, group=f.group, cause=f.cause)
+        return list(f.apply(Reschedule.objects.all()).order_by("pk").values_list("pk", flat=True))
+    return ints(post.getlist("id"))
+
+
+@role_required("operator")
+@require_POST
+@vary_on_headers("HX-Request")
+def reschedule_confirm(request):
+    """The one confirmation step: exactly what will move where, read now, with the versions shown carried on."""
+    ids = chosen_ids(request.POST)
+    seen = {pk: request.POST.get(f"v{pk}", "") for pk in ids}
+    rows = list(
+        Reschedule.objects.filter(pk__in=ids)
+        .select_related("instance__node", "lease", "proposed_node")
+        .order_by("pk")
+    )
+    context = {
+        "rows": [(r, seen[r.pk] not in ("", str(r.version))) for r in rows],
+        "ready": [r for r in rows if r.status == RescheduleStatus.PENDING],
+        "back": f"{reverse('reschedule-list')}?{RescheduleFilters.from_query(request.POST).query_string()}",
+    }
+    template = (
+        "instances/_reschedule_confirm.html" if fragment(request) else "instances/reschedule_confirm.html"
+    )
+    return render(request, template, context)
+
+
+@dataclass
+class ResultLine:
+    id: int
+    instance: str
+    kind: str  # moved / pending / stale / refused
+    text: str
+
+
+def stale_line(message: str) -> str:
+    # The domain's message names the versions ("... changed since you saw it (version 3, now 4)"): keep those,
+    # lead with what the operator should do.
+    versions = message.rpartition(" it ")[2] if "(version" in message else ""
+    return f"changed since you saw it, review again {versions}".rstrip()
+
+
+def classify(result: recovery.ApprovalResult) -> tuple[str, str]:
+    if result.ok:
+        return "moved", result.message
+    # do_approve reports a stale version of one item in a batch by its StaleVersion message; the operator must
+    # re-read that proposal before approving it, so it is its own kind of line, not a generic refusal.
+    if "changed since you saw it" in result.message:
+        return "stale", stale_line(result.message)
+    if result.status == RescheduleStatus.PENDING:
+        text = result.message
+        return "pending", text if text.startswith("still pending") else f"still pending: {text}"
+    return "refused", result.message
+
+
+def approve_all(user, ids: list[int], versions: dict[int, int]) -> list[tuple[int, str, str]]:
+    try:
+        results = recovery.do_approve(user, ids, now=timezone.now(), versions=versions)
+    except StaleVersion as exc:  # raised only for a single id
+        return [(ids[0], "stale", stale_line(str(exc)))]
+    except DomainError as exc:
+        return [(ids[0], "refused", str(exc))]
+    return [(r.id, *classify(r)) for r in results]
+
+
+@role_required("operator")
+@require_POST
+@vary_on_headers("HX-Request")
+def reschedule_approve(request):
+    ids = ints(request.POST.getlist("id"))
+    if not ids:
+        messages.error(request, "Select at least one proposal to approve.")
+        return redirect("reschedule-list")
+    versions = {pk: int(v) for pk in ids if (v := request.POST.get(f"v{pk}", "")).isdigit()}
+    outcome = approve_all(request.user, ids, versions)
+    iids = dict(Reschedule.objects.filter(pk__in=ids).values_list("pk", "instance__iid"))
+    lines = [ResultLine(pk, iids.get(pk, "?"), kind, text) for pk, kind, text in outcome]
+    context = {
+        "lines": lines,
+        "moved": sum(line.kind == "moved" for line in lines),
+        "back": request.POST.get("back") or reverse("reschedule-list"),
+    }
+    template = (
+        "instances/_reschedule_result.html" if fragment(request) else "instances/reschedule_result.html"
+    )
+    return render(request, template, context)
+
+
+@role_required("operator")
+@require_POST
+def reschedule_reject(request, pk: int):
+    reason = request.POST.get("reason", "").strip()
+    try:
+        if not reason:
+            raise DomainError("a rejection needs a reason")
+        proposal = recovery.do_reject(request.user, pk, now=timezone.now(), reason=reason)
+        messages.success(request, f"Reschedule of {proposal.instance.iid} rejected.")
+    except DomainError as exc:
+        messages.error(request, str(exc))
+    f = RescheduleFilters.from_query(request.POST)
+    return redirect(f"{reverse('reschedule-list')}?{f.query_string()}")
+
+
+# -- alerts ----------------------------------------------------------------------------------------------------
+
+
+@role_required("viewer")
+@vary_on_headers("HX-Request")
+def alert_list(request):
+    kind = request.GET.get("kind", "").strip()
+    include_resolved = request.GET.get("resolved") == "1"
+    alerts = Alert.objects.select_related("lease", "instance", "node").defer("lease__vnodes", "lease__spec")
+    if not include_resolved:
+        alerts = alerts.filter(resolved_at=None)
+    if kind:
+        alerts = alerts.filter(kind=kind)
+    rows = list(alerts[: PAGE + 1])
+    query = urlencode({k: v for k, v in (("kind", kind), ("resolved", "1" if include_resolved else "")) if v})
+    context = {
+        "alerts": rows[:PAGE],
+        "more": len(rows) > PAGE,
+        "kind": kind,
+        "resolved": include_resolved,
+        "query": query,
+        "kinds": list(Alert.objects.order_by("kind").values_list("kind", flat=True).distinct()),
+        "page": PAGE,
+    }
+    template = "instances/_alert_table.html" if fragment(request) else "instances/alerts.html"
+    return render(request, template, context)
+
+
+# -- drain progress ----------------------------------------------------------------------------------------------
+
+
+@role_required("viewer")
+@vary_on_headers("HX-Request")
+def drain_progress(request, node_id: int):
+    node = get_object_or_404(Node, pk=node_id)
+    context = {"node": node, "progress": recovery.drain_progress(node)}
+    template = "instances/_drain_progress.html" if fragment(request) else "instances/drain_progress.html"
+    return render(request, template, context)
