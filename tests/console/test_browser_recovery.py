@@ -1,0 +1,134 @@
+"""Node-loss recovery in a real headless Chromium against a real Daphne: two instances are lost when an admin declares
+their node dead through the API, an operator selects both proposals on /reschedules/, confirms once, reads one
+result line per instance, and finds both approvals in the audit feed.
+
+Screenshots of failures land in test-artifacts/. Skipped only when Debian's chromium is not installed.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.console import live
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = live.ROOT / "test-artifacts"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium"),
+]
+
+
+def admin_token(workdir) -> str:
+    """An admin's API token in the running console's database: only an admin may declare a node dead."""
+    out = subprocess.run(
+        [sys.executable, str(live.ROOT / "manage.py"), "issue_token", "ada", "--role", "admin"],
+        env=live.environment(workdir / "console.sqlite3"),
+        cwd=live.ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return out.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def console(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("recovery")
+    server = live.start(workdir)
+    server.admin_token = admin_token(workdir)  # type: ignore[attr-defined]
+    yield server
+    live.stop(server.process)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser, console, request):
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context.set_default_timeout(10_000)
+    page = context.new_page()
+    page.goto(console.url + "/login/")
+    page.fill("input[name=username]", "otto")
+    page.fill("input[name=password]", live.PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_url(console.url + "/")
+    yield page
+    report = getattr(request.node, "report_call", None)
+    if report is not None and report.failed:
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / f"{request.node.name}.png"), full_page=True)
+    context.close()
+
+
+def lose_two_instances(console) -> list[str]:
+    """A fourth node registered through the API, every node heartbeating, two immediate leases, and the node(s)
+    holding them declared dead by an admin: two lost instances, two pending proposals. Returns their ids."""
+    body = {"name": "zion", "cpu_cores": 8, "mem_total_mib": 16384, "disk_total_gib": 200}
+    zion = console.api("POST", "/api/nodes/", console.operator_token, body)
+    console.nodes["zion"] = {"id": zion["id"], "token": zion["token"]}
+    for name in console.nodes:
+        console.heartbeat(name, used_mib=2048)
+    lost = []
+    for name in ("render-a", "render-b"):
+        lease = console.api(
+            "POST",
+            "/api/leases",
+            console.operator_token,
+            {
+                "name": name,
+                "type": "immediate",
+                "duration_s": 3600,
+                "nodes": [{"cpu_cores": 1, "mem_mib": 2048}],
+            },
+        )
+        [inst] = console.api("GET", f"/api/instances/?lease={lease['id']}", console.operator_token)["results"]
+        lost.append(inst)
+    for node_id in {inst["node_id"] for inst in lost}:
+        console.api(
+            "POST",
+            f"/api/nodes/{node_id}/declare-dead",
+            console.admin_token,
+            {"reason": "PSU failed, ticket 88"},
+        )
+    return [inst["iid"] for inst in lost]
+
+
+def test_approve_two_reschedules_in_bulk(page, console):
+    iids = lose_two_instances(console)
+    page.goto(console.url + "/reschedules/")
+    page.wait_for_selector("#live-state.ok")
+    for iid in iids:
+        page.check(f'tr[data-instance="{iid}"] input[name=id]')
+    assert page.locator("#pending-count").inner_text() == "2"
+    page.click("#review-selected")
+    page.wait_for_selector("#confirm-approve")
+    confirmation = page.locator("#confirm-list").inner_text()
+    assert all(iid in confirmation for iid in iids) and confirmation.count("→") == 2
+    page.click("#confirm-approve")
+    page.wait_for_selector("#reschedule-result")
+    lines = page.locator("#reschedule-result li[data-result]")
+    assert lines.count() == 2
+    assert [lines.nth(i).get_attribute("data-result") for i in range(2)] == ["moved", "moved"]
+    assert "2 of 2 moved" in page.locator("#reschedule-result h3").inner_text()
+    # The live list drops the applied proposals and the nav count follows, with no reload.
+    page.wait_for_selector("#reschedules tr[data-reschedule]", state="detached")
+    page.wait_for_selector("#pending-count:empty", state="attached")
+    page.goto(console.url + "/audit/?action=reschedule.approve")
+    rows = page.locator('tr[data-action="reschedule.approve"]')
+    assert rows.count() == 2
+    assert all("otto" in rows.nth(i).inner_text() for i in range(2))
