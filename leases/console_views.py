@@ -177,7 +177,7 @@ def proposals(f: RescheduleFilters) -> QuerySet[Reschedule]:
     # shows them.
     return (
         f.apply(Reschedule.objects.all())
-        .select_related("instance__node", "lease", "proposed_node")
+        .select_related("instance__node", "lease", "proposed_node", "new_instance__node")
         .defer("lease__vnodes", "lease__spec", "lease__images", "lease__message")
         .prefetch_related("lease__groups")
         .order_by("-created_at", "-id")
@@ -200,6 +200,7 @@ def reschedule_list(request):
         "query": f.query_string(),
         # A live re-fetch sends the boxes still ticked, so an update arriving mid-selection keeps the selection.
         "checked": set(ints(request.GET.getlist("id"))),
+        "selectable": any(r.status == RescheduleStatus.PENDING for r in rows),
         "statuses": RescheduleStatus.values,
         "causes": CAUSES,
         "groups": list(Group.objects.order_by("name").values_list("name", flat=True)),

@@ -216,6 +216,20 @@ def test_the_confirmation_lists_each_instance_and_its_target_and_moves_nothing(o
     assert Reschedule.objects.filter(status="pending").count() == 2
 
 
+def test_the_confirmation_flags_a_proposal_that_changed_since_the_list(otto, two_lost):
+    fresh, changed = two_lost
+    data = {
+        "id": [str(fresh.pk), str(changed.pk)],
+        f"v{fresh.pk}": str(fresh.version),
+        f"v{changed.pk}": "99",
+    }
+    body = otto.post(reverse("reschedule-confirm"), data).content.decode()
+    assert body.count("data-changed") == 1
+    row = body[body.index(f'data-reschedule="{changed.pk}"') :]
+    assert "data-changed" in row[: row.index("</tr>")]
+    assert f'name="v{changed.pk}" value="{changed.version}"' in body, "the confirmation carries what it shows"
+
+
 def test_all_matching_the_filter_confirms_every_pending_proposal(otto, two_lost):
     body = otto.post(
         reverse("reschedule-confirm"), {"all": "1", "status": "pending", "cause": "node_dead"}
@@ -355,7 +369,13 @@ def many_proposals(fleet):
         for i, lease in enumerate(leases)
     )
     report = PlacementReport.objects.create(
-        created_at=now, subject="reschedule:bulk", request={}, outcome="placed", message="", verdicts=[], chosen=[]
+        created_at=now,
+        subject="reschedule:bulk",
+        request={},
+        outcome="placed",
+        message="",
+        verdicts=[],
+        chosen=[],
     )
     Reschedule.objects.bulk_create(
         Reschedule(
@@ -374,7 +394,9 @@ def test_the_reschedule_list_at_100_proposals_takes_at_most_12_queries(
     headers = {"HX-Request": "true"} if htmx else {}
     with django_assert_max_num_queries(12):
         response = client.get(reverse("reschedule-list"), headers=headers)
-    assert response.content.decode().count("data-reschedule=") == MANY
+    body = response.content.decode()
+    assert body.count("data-reschedule=") == MANY
+    assert body.count('name="id"') == (MANY if role == "otto" else 0)
 
 
 # Alerts and drain progress ---------------------------------------------------------------------------------------
