@@ -15,13 +15,15 @@ import sys
 import time
 from pathlib import Path
 
+from slotkeeper import shared
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from leases.haizea_config import read_config
 from leases.replay import replay, setup
 from leases.traces import read_trace
 
-HAIZEA = Path("/work/shared/haizea")
+HAIZEA = shared.HAIZEA
 DEFAULT_TRACE = HAIZEA / "traces/blue/30days.swf"
 DEFAULT_CONFIG = HAIZEA / "configs/blue-144.conf"
 

@@ -15,6 +15,9 @@ import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH.parent))
+
+from slotkeeper.shared import HAIZEA  # noqa: E402
 
 # The quick arguments of each benchmark. The placer and slot-table benchmarks predate --quick; these arguments
 # are their quick form. The 30-day replay takes minutes on its own, so the quick run replays the 1,000-request
@@ -22,10 +25,11 @@ BENCH = Path(__file__).resolve().parent
 QUICK = {
     "bench_capacity": ["--repeat", "50"],
     "bench_slottable": ["--nodes", "300", "--queries", "500", "--all-nodes", "5"],
-    "bench_replay": ["--trace", "/work/shared/haizea/traces/blue/1000requests.swf", "--only"],
+    "bench_replay": ["--trace", str(HAIZEA / "traces/blue/1000requests.swf"), "--only"],
     "bench_heartbeats": ["--quick"],
     "bench_preview": ["--quick"],
     "bench_slots_render": ["--quick"],
+    "bench_recovery": ["--quick"],
 }
 
 

@@ -116,7 +116,7 @@ def verdict_rows(placement: capacity.Placement, ids_by_name: Mapping[str, int] |
     ]
 
 
-def record(
+def report_row(
     now: datetime,
     subject: str,
     need: capacity.Need,
@@ -125,7 +125,8 @@ def record(
     requested_by: str = "",
     ids_by_name: Mapping[str, int] | None = None,
 ) -> PlacementReport:
-    return PlacementReport.objects.create(
+    """An unsaved report, for callers that store many at once."""
+    return PlacementReport(
         created_at=now,
         subject=subject,
         request=need_as_json(need),
@@ -136,6 +137,20 @@ def record(
         verdicts=verdict_rows(placement, ids_by_name),
         requested_by=requested_by,
     )
+
+
+def record(
+    now: datetime,
+    subject: str,
+    need: capacity.Need,
+    placement: capacity.Placement,
+    *,
+    requested_by: str = "",
+    ids_by_name: Mapping[str, int] | None = None,
+) -> PlacementReport:
+    row = report_row(now, subject, need, placement, requested_by=requested_by, ids_by_name=ids_by_name)
+    row.save()
+    return row
 
 
 def need_as_json(need: capacity.Need) -> dict:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from django.db import IntegrityError, transaction
@@ -47,6 +47,7 @@ from leases.models import (
     RestartRecord,
 )
 from slotkeeper import audit, events
+from slotkeeper.bulk import update_many
 from slotkeeper.domain import DomainError, NotFound, StaleVersion
 
 log = logging.getLogger(__name__)
@@ -401,7 +402,7 @@ class FleetView:
         )
         self.states[target] = replace(state, pending=(*state.pending, claim))
         # The old instance is lost (not a live member) or stopping; the new one is a member on the target now.
-        for group_id in old.lease.groups.values_list("pk", flat=True):
+        for group_id in (g.pk for g in old.lease.groups.all()):  # prefetched by do_approve
             by_node = self.groups.get(group_id)
             if by_node is None:
                 continue
@@ -502,14 +503,24 @@ def vnode_need(inst: Instance, preferred: str | None = None) -> capacity.Need:
     )
 
 
-def slot_check(inst: Instance, now: datetime, table=None) -> capacity.Check:
+def remaining_windows(
+    lease_ids: Iterable[int], now: datetime
+) -> dict[tuple[int, int], list[tuple[datetime, datetime]]]:
+    """(lease, node) -> the [start, end) windows of the lease's live reservations there that are not over yet."""
+    out: dict[tuple[int, int], list[tuple[datetime, datetime]]] = {}
+    rows = Allocation.objects.filter(
+        reservation__lease_id__in=list(lease_ids), live=True, end__gt=now
+    ).values_list("reservation__lease_id", "node_id", "start", "end")
+    for lease_id, node_id, start, end in rows:
+        out.setdefault((lease_id, node_id), []).append((start, end))
+    return out
+
+
+def slot_check(inst: Instance, now: datetime, table=None, windows=None) -> capacity.Check:
     """The vnode must fit in the slot table on the target for the rest of its lease's live reservations."""
-    windows = [
-        (a.start, a.end, a.cpu, a.mem_mib)
-        for a in Allocation.objects.filter(
-            reservation__lease_id=inst.lease_id, live=True, node_id=inst.node_id, end__gt=now
-        )
-    ]
+    if windows is None:
+        windows = remaining_windows([inst.lease_id], now)
+    spans = windows.get((inst.lease_id, inst.node_id), [])
     v = inst.lease.vnodes[inst.vnode - 1]
     from leases.slottable import Res
 
@@ -521,14 +532,14 @@ def slot_check(inst: Instance, now: datetime, table=None) -> capacity.Check:
         if table is None or node.id == inst.node_id:
             return None
         extra = need_res.scaled(1 + chosen.count(node.name))
-        for start, end, _cpu, _mem in windows:
+        for start, end in spans:
             t0, t1 = max(start, now).timestamp(), end.timestamp()
             if not table.fits(node.id, extra, t0, t1):
                 blockers = table.blockers(node.id, extra, t0, t1)
                 if blockers:
                     b = blockers[0]
-                    span = f"{datetime.fromtimestamp(b.start, now.tzinfo):%H:%M}–{datetime.fromtimestamp(b.end, now.tzinfo):%H:%M}"
-                    why = f"reserved {span} by lease {b.lease_id} ({b.kind})"
+                    begin, finish = (datetime.fromtimestamp(x, now.tzinfo) for x in (b.start, b.end))
+                    why = f"reserved {begin:%H:%M}–{finish:%H:%M} by lease {b.lease_id} ({b.kind})"
                 else:
                     why = "the slot table has no room for it over its remaining time"
                 return capacity.Unfit(capacity.ReasonCode.RESERVED, why, {"window_end": end.isoformat()})
@@ -538,13 +549,19 @@ def slot_check(inst: Instance, now: datetime, table=None) -> capacity.Check:
 
 
 def plan_move(
-    inst: Instance, now: datetime, *, preferred: str | None = None, table=None, fleet: FleetView | None = None
+    inst: Instance,
+    now: datetime,
+    *,
+    preferred: str | None = None,
+    table=None,
+    fleet: FleetView | None = None,
+    windows=None,
 ):
     fleet = fleet or FleetView.read(now)
     views = group_views(inst.lease, exclude_instance=inst, fleet=fleet)
     g_check, penalties = group_check(views, fleet.names)
     need = vnode_need(inst, preferred)
-    checks = [g_check, slot_check(inst, now, table)]
+    checks = [g_check, slot_check(inst, now, table, windows)]
     result = placement.place(
         now, need, checks=checks, penalties=penalties, states=list(fleet.states.values())
     )
@@ -613,6 +630,68 @@ class ApprovalResult:
         }
 
 
+@dataclass
+class _Batch:
+    """The writes of a bulk approval, made once at the end: a burst of moves is a few statements, not a dozen each.
+    Every check that can refuse an item runs before its writes are queued, so a refused item leaves nothing."""
+
+    now: datetime
+    actor: object
+    reports: list = field(default_factory=list)  # (proposal, PlacementReport)
+    proposals: list = field(default_factory=list)
+    new_instances: list = field(default_factory=list)  # (proposal or None, Instance)
+    old_instances: list = field(default_factory=list)
+    history: list = field(default_factory=list)  # (instance, InstanceEvent)
+    audits: list = field(default_factory=list)
+    generations: dict = field(default_factory=dict)  # (lease, vnode) -> highest generation so far
+
+    def next_generation(self, lease_id: int, vnode: int) -> int:
+        key = (lease_id, vnode)
+        self.generations[key] = self.generations.get(key, -1) + 1
+        return self.generations[key]
+
+    def flush(self) -> None:
+        from fleet.models import PlacementReport
+        from slotkeeper.models import AuditEntry
+
+        made = PlacementReport.objects.bulk_create([report for _, report in self.reports])
+        for (proposal, _), report in zip(self.reports, made, strict=True):
+            proposal.report = report
+        Instance.objects.bulk_create([inst for _, inst in self.new_instances])
+        for proposal, inst in self.new_instances:
+            if proposal is not None:
+                proposal.new_instance = inst
+        for inst, event in self.history:
+            event.instance = inst
+        InstanceEvent.objects.bulk_create([event for _, event in self.history])
+        if self.old_instances:
+            update_many(self.old_instances, ["state", "state_changed_at", "desired_state"])
+        if self.proposals:
+            fields = [
+                "status",
+                "version",
+                "report",
+                "blocked_by",
+                "message",
+                "decided_at",
+                "decided_by",
+                "new_instance",
+            ]
+            update_many(self.proposals, fields)
+        AuditEntry.objects.bulk_create(self.audits)
+        for proposal in self.proposals:
+            events.send_on_commit("reschedule-changed", reschedule=proposal.pk)
+        for _, inst in self.new_instances:
+            events.send_on_commit("instance-changed", instance=inst.iid, lease=inst.lease_id)
+
+    def event(self, inst: Instance, target: InstanceState, reason: str) -> None:
+        self.history.append(
+            (inst, InstanceEvent(at=self.now, from_state=inst.state, to_state=target, reason=reason))
+        )
+        inst.state = target
+        inst.state_changed_at = self.now
+
+
 def do_approve(
     actor, ids: Sequence[int], *, now: datetime, versions: dict[int, int] | None = None
 ) -> list[ApprovalResult]:
@@ -622,38 +701,52 @@ def do_approve(
 
     results = []
     with store.planning(now) as plan:
-        plan.scheduler.advance(
-            plan.t, plan.excluded
-        )  # retire what is over, so only live reservations compare
+        # Retire what is already over, so only live reservations are compared.
+        plan.scheduler.advance(plan.t, plan.excluded)
         fleet = FleetView.read(now)
+        proposals = {
+            p.pk: p
+            for p in Reschedule.objects.select_for_update(of=("self",))
+            .select_related("instance__lease", "proposed_node")
+            .prefetch_related("instance__lease__groups")
+            .filter(pk__in=list(ids))
+        }
+        lease_ids = {p.lease_id for p in proposals.values()}
+        windows = remaining_windows(lease_ids, now)
+        batch = _Batch(now=now, actor=actor)
+        for lease_id, vnode, top in _generations(lease_ids):
+            batch.generations[(lease_id, vnode)] = top
         for pk in ids:
             try:
-                with transaction.atomic():
-                    results.append(_approve_one(actor, pk, now, plan, (versions or {}).get(pk), fleet))
+                proposal = proposals.get(pk)
+                if proposal is None:
+                    raise NotFound(f"reschedule {pk} does not exist")
+                results.append(_approve_one(proposal, plan, (versions or {}).get(pk), fleet, batch, windows))
             except (DomainError, NotFound) as exc:
-                results.append(ApprovalResult(pk, False, _status_of(pk), str(exc)))
+                status = proposals[pk].status if pk in proposals else "unknown"
+                results.append(ApprovalResult(pk, False, status, str(exc)))
                 if len(ids) == 1:
                     raise
+        batch.flush()
     return results
 
 
-def _status_of(pk: int) -> str:
-    return Reschedule.objects.filter(pk=pk).values_list("status", flat=True).first() or "unknown"
+def _generations(lease_ids: Iterable[int]) -> list[tuple[int, int, int]]:
+    rows = (
+        Instance.objects.filter(lease_id__in=list(lease_ids))
+        .values("lease_id", "vnode")
+        .annotate(top=Max("generation"))
+        .values_list("lease_id", "vnode", "top")
+    )
+    return list(rows)
 
 
 def _approve_one(
-    actor, pk: int, now: datetime, plan, version: int | None, fleet: FleetView
+    proposal, plan, version: int | None, fleet: FleetView, batch: _Batch, windows
 ) -> ApprovalResult:
     from leases import store
 
-    proposal = (
-        Reschedule.objects.select_for_update(of=("self",))
-        .select_related("instance__lease", "instance__node")
-        .filter(pk=pk)
-        .first()
-    )
-    if proposal is None:
-        raise NotFound(f"reschedule {pk} does not exist")
+    pk, now = proposal.pk, batch.now
     if proposal.status != RescheduleStatus.PENDING:
         raise DomainError(f"reschedule {pk} is already {proposal.status}")
     if version is not None and version != proposal.version:
@@ -662,37 +755,62 @@ def _approve_one(
         )
     inst = proposal.instance
     lease = inst.lease
+    who = audit.actor_label(batch.actor)
     if lease.state != LeaseState.ACTIVE or inst.state not in (_I.LOST, *LIVE):
         proposal.status = RescheduleStatus.REJECTED
         proposal.message = (
             f"nothing to move: lease {lease.pk} is {lease.state}, instance {inst.iid} is {inst.state}"
         )
-        proposal.decided_at, proposal.decided_by = now, audit.actor_label(actor)
-        proposal.save(update_fields=["status", "message", "decided_at", "decided_by"])
+        proposal.decided_at, proposal.decided_by = now, who
+        batch.proposals.append(proposal)
         return ApprovalResult(pk, False, proposal.status, proposal.message)
     proposed = proposal.proposed_node.name if proposal.proposed_node_id else None
-    need, result, ids = plan_move(inst, now, preferred=proposed, table=plan.scheduler.table, fleet=fleet)
-    report = placement.record(
-        now, f"reschedule:{inst.iid}", need, result, requested_by=audit.actor_label(actor), ids_by_name=ids
+    need, result, ids = plan_move(
+        inst, now, preferred=proposed, table=plan.scheduler.table, fleet=fleet, windows=windows
     )
+    report = placement.report_row(
+        now, f"reschedule:{inst.iid}", need, result, requested_by=who, ids_by_name=ids
+    )
+    batch.reports.append((proposal, report))
+    batch.proposals.append(proposal)
     if result.outcome != capacity.Outcome.PLACED:
         proposal.version += 1
-        proposal.report = report
         proposal.blocked_by = _blocker(result)
         proposal.message = f"still pending: {result.message}"
-        proposal.save(update_fields=["version", "report", "blocked_by", "message"])
-        events.send_on_commit("reschedule-changed", reschedule=pk)
         return ApprovalResult(pk, False, proposal.status, proposal.message)
     target_name = result.nodes[0]
     target_id = ids[target_name]
     if not store.move_vnode(plan, lease.pk, inst.vnode, inst.node_id, target_id):
+        batch.reports.pop()
+        batch.proposals.pop()
         raise DomainError(f"the slot table has no room for {inst.iid} on {target_name} any more")
-    new = create_instance(lease.pk, inst.vnode, target_id, now, replaces=inst)
+    generation = batch.next_generation(lease.pk, inst.vnode)
+    new = Instance(
+        iid=instance_id(lease.pk, inst.vnode, generation),
+        lease=lease,
+        vnode=inst.vnode,
+        generation=generation,
+        node_id=target_id,
+        state=_I.PLACED,
+        desired_state="running",
+        created_at=now,
+        state_changed_at=now,
+        replaces=inst,
+    )
+    batch.new_instances.append((proposal, new))
+    batch.history.append(
+        (new, InstanceEvent(at=now, from_state=_I.REQUESTED, to_state=_I.PLACED, reason="placed"))
+    )
     fleet.moved(inst, new, need, target_name)
     if inst.state == _I.LOST:
-        step(inst, _I.RESCHEDULED, now, f"replaced by {new.iid} on {target_name}")
+        batch.event(inst, _I.RESCHEDULED, f"replaced by {new.iid} on {target_name}")
     else:
-        wind_down(inst, now, finished=False, reason=f"moved to {target_name} as {new.iid}")
+        # A drain moves a live instance: the old one is told to stop once its replacement is placed.
+        inst.desired_state = "stopped"
+        target = _I.STOPPING if inst.state in (_I.RUNNING, _I.UNHEALTHY, _I.RESTARTING) else _I.REVOKED
+        if can_instance(inst.state, target):
+            batch.event(inst, target, f"moved to {target_name} as {new.iid}")
+    batch.old_instances.append(inst)
     changed = proposed and proposed != target_name
     message = (
         f"moved to {target_name} as {new.iid}; the proposed node {proposed} no longer fits "
@@ -701,21 +819,19 @@ def _approve_one(
         else f"moved to {target_name} as {new.iid}"
     )
     proposal.status = RescheduleStatus.APPLIED
-    proposal.new_instance = new
-    proposal.report = report
     proposal.message = message
     proposal.blocked_by = ""
-    proposal.decided_at, proposal.decided_by = now, audit.actor_label(actor)
+    proposal.decided_at, proposal.decided_by = now, who
     proposal.version += 1
-    proposal.save()
-    audit.record(
-        at=now,
-        actor=actor,
-        action="reschedule.approve",
-        target=proposal,
-        details={"node": target_name, "message": message},
+    batch.audits.append(
+        audit.entry(
+            at=now,
+            actor=batch.actor,
+            action="reschedule.approve",
+            target=proposal,
+            details={"node": target_name, "message": message},
+        )
     )
-    events.send_on_commit("reschedule-changed", reschedule=pk)
     return ApprovalResult(pk, True, proposal.status, message, target_name, new.iid)
 
 

@@ -36,6 +36,7 @@ from leases.models import (
 )
 from leases.scheduler import Change, LeaseRecord, LeaseRequest, ReservationRecord, Scheduler, SchedulerConfig
 from leases.slottable import Overcommit, Res
+from slotkeeper.bulk import update_many
 
 log = logging.getLogger(__name__)
 
@@ -264,7 +265,7 @@ def _write_states(changes: list[Change]) -> None:
         )
         current[change.lease_id] = str(change.state)
     LeaseEvent.objects.bulk_create(history)
-    Lease.objects.bulk_update([Lease(pk=pk, state=state) for pk, state in current.items()], ["state"])
+    update_many([Lease(pk=pk, state=state) for pk, state in current.items()], ["state"])
 
 
 def _reservation_fields(r: ReservationRecord) -> dict:
@@ -290,7 +291,7 @@ def _write_reservations(sched: Scheduler, latest: dict[int, ReservationRecord]) 
             setattr(row, field, value)
         changed.append(row)
     if changed:
-        Reservation.objects.bulk_update(changed, ["kind", "start", "end", "status", "nodes", "sources"])
+        update_many(changed, ["kind", "start", "end", "status", "nodes", "sources"])
     allocations: dict[int, list[Allocation]] = {}
     for a in Allocation.objects.filter(reservation__in=changed):
         allocations.setdefault(a.reservation_id, []).append(a)
@@ -311,7 +312,7 @@ def _write_reservations(sched: Scheduler, latest: dict[int, ReservationRecord]) 
     if moved_rows:
         Allocation.objects.filter(reservation_id__in=moved_rows).delete()
     if stale:
-        Allocation.objects.bulk_update(stale, ["start", "end", "live"])
+        update_many(stale, ["start", "end", "live"])
     if fresh:
         Allocation.objects.bulk_create(fresh)
 
@@ -381,7 +382,7 @@ def _sync_leases(sched: Scheduler, lease_ids: set[int]) -> None:
             )
         )
     fields = ["run_time_s", "lost_run_time_s", "first_start", "ended_at", "in_future", "images"]
-    Lease.objects.bulk_update(rows, fields)
+    update_many(rows, fields)
 
 
 def drop_cache() -> None:

@@ -16,17 +16,12 @@ def actor_label(actor) -> str:
     return actor.get_username()
 
 
-def record(
-    *,
-    at: datetime,
-    actor,
-    action: str,
-    target,
-    reason: str = "",
-    details: dict[str, Any] | None = None,
-) -> AuditEntry:
+def entry(
+    *, at: datetime, actor, action: str, target, reason: str = "", details: dict[str, Any] | None = None
+):
+    """An unsaved audit row, for actions that write many at once (bulk_create)."""
     real_user = actor if getattr(actor, "pk", None) and not getattr(actor, "is_node_agent", False) else None
-    return AuditEntry.objects.create(
+    return AuditEntry(
         at=at,
         actor=real_user,
         actor_label=actor_label(actor),
@@ -37,3 +32,17 @@ def record(
         reason=reason,
         details=details or {},
     )
+
+
+def record(
+    *,
+    at: datetime,
+    actor,
+    action: str,
+    target,
+    reason: str = "",
+    details: dict[str, Any] | None = None,
+) -> AuditEntry:
+    row = entry(at=at, actor=actor, action=action, target=target, reason=reason, details=details)
+    row.save()
+    return row

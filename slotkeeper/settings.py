@@ -112,7 +112,9 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
     DATABASES["default"]["CONN_MAX_AGE"] = 0
-    DATABASES["default"]["TEST"] = {"NAME": str(BASE_DIR / ".test.sqlite3")}
+    # One test database file per process, so two test runs on one machine (a developer's and CI's, or parallel
+    # runs) never share, and corrupt, one file.
+    DATABASES["default"]["TEST"] = {"NAME": str(BASE_DIR / f".test-{os.getpid()}.sqlite3")}
 IS_POSTGRES = DATABASES["default"]["ENGINE"].startswith("django.db.backends.postgresql")
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

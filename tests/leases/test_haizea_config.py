@@ -8,8 +8,9 @@ import pytest
 from leases.haizea_config import KNOWN_OPTIONS, ConfigError, read_config, read_multi_config
 from leases.slottable import Res
 from leases.traces import parse_resources
+from slotkeeper import shared
 
-CONFIGS = Path("/work/shared/haizea/configs")
+CONFIGS = shared.HAIZEA / "configs"
 START = datetime(2006, 11, 25, 13, 0, tzinfo=UTC)  # every Haizea test config starts its clock here
 
 # file -> (resources, backfilling, policy-preemption, suspension, suspend-rate, migration, enactment-overhead)

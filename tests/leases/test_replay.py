@@ -17,8 +17,9 @@ from leases.replay import as_json, check_invariants, replay, setup
 from leases.scheduler import SchedulerConfig
 from leases.slottable import Res
 from leases.traces import Trace, TraceLease, read_trace
+from slotkeeper import shared
 
-HAIZEA = Path("/work/shared/haizea")
+HAIZEA = shared.HAIZEA
 CONFIG_A = HAIZEA / "configs/haizea-1.1-tests-base_config_simulator.conf"
 CONFIG_B = HAIZEA / "configs/haizea-1.0-tests-base_config_simulator.conf"
 TRACES = [

@@ -1,6 +1,5 @@
 """The trace readers, on every shipped Haizea trace and on small broken ones (no database)."""
 
-import time
 from pathlib import Path
 
 import pytest
@@ -20,8 +19,9 @@ from leases.traces import (
     read_swf,
     read_trace,
 )
+from slotkeeper import shared
 
-HAIZEA = Path("/work/shared/haizea")
+HAIZEA = shared.HAIZEA
 VM = Res(cpu=100, mem=1024)
 FOUR_NODE_SITE = (VM,) * 4
 
@@ -188,12 +188,6 @@ def test_30days_is_the_hpdc08_base_workload_of_5545_jobs_and_5108_leases():
     trace = read_swf(HAIZEA / "traces/blue/30days.swf")
     assert len(trace.leases) + len(trace.skipped) == 5545
     assert len(trace.leases) == 5108
-
-
-def test_reading_30days_takes_well_under_a_second():
-    started = time.perf_counter()
-    read_swf(HAIZEA / "traces/blue/30days.swf")
-    assert time.perf_counter() - started < 0.5
 
 
 @pytest.mark.parametrize(
