@@ -175,6 +175,11 @@ def tick(now: datetime) -> None:
     """Starts and ends due reservations, processes the queue and re-evaluates (the periodic work)."""
     with store.planning(now) as plan:
         plan.scheduler.advance(plan.t, plan.excluded)
+        for lease_id, reason in plan.scheduler.replaced:
+            lease = Lease.objects.get(pk=lease_id)
+            lease.message = f"re-placed when its reservation came due: {reason}"
+            lease.save(update_fields=["message"])
+            audit.record(at=now, actor=None, action="lease.replace", target=lease, reason=reason)
     from leases.recovery import drive_drains, supervise
 
     supervise(now)

@@ -289,6 +289,7 @@ class Scheduler:
         self._tick = 0
         self._future: set[int] = set()
         self._changes: list[Change] = []
+        self.replaced: list[tuple[int, str]] = []  # set by advance(): leases requeued off unusable nodes
         self._excluded: Mapping[int, str] = {}
         self._now = -math.inf
         # Per-instant, per-node caches of what the mapper asks again and again during one queue pass; a change
@@ -355,10 +356,33 @@ class Scheduler:
             self._free.clear()
             self._views.clear()
         self._now = max(self._now, now)
+        self.replaced = self._recheck_due(now) if self._excluded else []
         self._run_events(now)
         if run_queue:
             self._process_queue(now)
             self._run_events(now)
+
+    def _recheck_due(self, now: float) -> list[tuple[int, str]]:
+        """A reservation that comes due is checked again: a best-effort lease whose next reservation would start
+        on a node that has become unusable (draining, offline, dead, stale health) is requeued before it starts,
+        and the queue re-places it. Returns (lease id, reason) for each, so the caller can record why."""
+        replaced = []
+        for rec in list(self.leases.values()):
+            if rec.request.type != BEST_EFFORT or rec.state in (
+                _S.ACTIVE,
+                _S.SUSPENDING,
+                _S.MIGRATING,
+                _S.RESUMING,
+            ):
+                continue
+            due = [r for r in rec.chain() if r.status == SCHEDULED and r.start <= now]
+            bad = sorted({n for r in due for n in r.nodes.values() if n in self._excluded})
+            if not bad:
+                continue
+            reason = "; ".join(f"node {n} {self._excluded[n]}" for n in bad)
+            self._requeue(rec, now)
+            replaced.append((rec.request.id, reason))
+        return replaced
 
     def next_event_time(self) -> float | None:
         while self._events and not self._event_valid(self._events[0]):

@@ -148,3 +148,26 @@ def test_a_queued_lease_starts_when_the_blocking_one_ends(operator, fleet):
     assert Lease.objects.get(pk=first["id"]).state == "done"
     assert Lease.objects.get(pk=second["id"]).state == "active"
     assert Reservation.objects.filter(lease_id=second["id"], status="active").count() == 1
+
+
+def test_a_future_reservation_on_a_node_that_became_unusable_is_re_placed_when_it_comes_due(operator, fleet):
+    from leases import actions
+    from slotkeeper.models import AuditEntry
+
+    blocker = submit(operator, type="immediate", duration_s=600, nodes=[vm(mem=8192)] * 4).json()
+    waiting = submit(operator, duration_s=600, nodes=[vm(mem=8192)]).json()
+    assert waiting["state"] == "ready"  # a future reservation right after the blocker
+    [future] = [r for r in waiting["reservations"] if r["kind"] == "vm"]
+    [planned_node] = future["node_ids"]
+    later = timezone.now() + timedelta(seconds=601)
+    for node in fleet:
+        fleet_actions.do_heartbeat(node, fleet_actions.HealthReport(8192, 1000, 90.0, 1.0, 0.1), now=later)
+    fleet_actions.do_drain(None, planned_node, reason="disk failing", now=later)
+    actions.tick(later)
+    lease = Lease.objects.get(pk=waiting["id"])
+    assert lease.state == "active"
+    [running] = Reservation.objects.filter(lease=lease, status="active")
+    assert planned_node not in running.nodes.values()
+    assert "node 1 draining" in lease.message or f"node {planned_node} draining" in lease.message
+    assert AuditEntry.objects.filter(action="lease.replace", target_id=str(lease.pk)).exists()
+    assert Lease.objects.get(pk=blocker["id"]).state == "done"
