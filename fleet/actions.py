@@ -143,17 +143,22 @@ def do_heartbeat(node: Node, report: HealthReport, *, now: datetime) -> Node:
     # Seed 001: an idle node is the only time its own footprint is measured rather than inferred, so remember it.
     if not instances and not _has_commitments(node, now):
         fields["idle_baseline_mib"] = report.mem_used_mib
+    every = settings.SLOTKEEPER["HEALTH_SAMPLE_EVERY_S"]
+    sample = node.last_sample_at is None or (now - node.last_sample_at).total_seconds() >= every
+    if sample:
+        fields["last_sample_at"] = now
     with transaction.atomic():
         Node.objects.filter(pk=node.pk).update(**fields)
-        HealthSample.objects.create(
-            node_id=node.pk,
-            at=now,
-            mem_total_mib=report.mem_total_mib,
-            mem_used_mib=report.mem_used_mib,
-            disk_free_gib=report.disk_free_gib,
-            cpu_pct=report.cpu_pct,
-            load1=report.load1,
-        )
+        if sample:
+            HealthSample.objects.create(
+                node_id=node.pk,
+                at=now,
+                mem_total_mib=report.mem_total_mib,
+                mem_used_mib=report.mem_used_mib,
+                disk_free_gib=report.disk_free_gib,
+                cpu_pct=report.cpu_pct,
+                load1=report.load1,
+            )
         if node.status in (NodeStatus.OFFLINE, NodeStatus.DEAD):
             _bring_back(node, now)
         for field, value in fields.items():

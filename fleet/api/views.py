@@ -136,6 +136,8 @@ class NodeViewSet(
             raise actions.NotFound(f"node {pk} does not exist") from None
 
     def _own_node(self, request, pk) -> Node:
+        if isinstance(request.auth, Node) and request.auth.pk == self._pk(pk):
+            return request.auth  # read by the token lookup already
         node = actions.get_node(self._pk(pk))
         if request.user.node_id != node.pk:
             raise PermissionDenied(
