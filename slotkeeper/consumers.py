@@ -8,6 +8,7 @@ object rather than a storm.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 from channels.db import database_sync_to_async
@@ -29,12 +30,20 @@ class ConsoleConsumer(AsyncWebsocketConsumer):
             return
         self.pending: dict[tuple, dict] = {}
         self.flush_task: asyncio.Task | None = None
-        await self.channel_layer.group_add(CONSOLE_GROUP, self.channel_name)
+        try:
+            await self.channel_layer.group_add(CONSOLE_GROUP, self.channel_name)
+        except (ConnectionError, OSError):
+            # The channel layer (Redis) is away: close with 1013 "try again later" rather than failing the
+            # handshake with a 500; the page falls back to polling and reconnects with backoff.
+            await self.close(code=1013)
+            return
         await self.accept()
         await self.send(text_data=json.dumps({"event": "hello", "role": role}))
 
     async def disconnect(self, code):
-        await self.channel_layer.group_discard(CONSOLE_GROUP, self.channel_name)
+        # Redis away: its group membership expires on its own.
+        with contextlib.suppress(ConnectionError, OSError):
+            await self.channel_layer.group_discard(CONSOLE_GROUP, self.channel_name)
         if getattr(self, "flush_task", None):
             self.flush_task.cancel()
 

@@ -1,0 +1,78 @@
+"""The console websocket: authenticated users only, "changed" events batched per connection."""
+
+from __future__ import annotations
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AnonymousUser
+
+from slotkeeper import events
+from slotkeeper.consumers import ConsoleConsumer
+from slotkeeper.management.commands.issue_token import grant_role
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+async def connect(user):
+    communicator = WebsocketCommunicator(ConsoleConsumer.as_asgi(), "/ws/console/")
+    communicator.scope["user"] = user
+    connected, code = await communicator.connect()
+    return communicator, connected, code
+
+
+async def test_anonymous_users_are_refused():
+    _communicator, connected, code = await connect(AnonymousUser())
+    assert not connected
+    assert code == 4401
+
+
+async def test_a_user_without_a_role_is_refused():
+    user = await sync_to_async(get_user_model().objects.create_user)("nobody", password="pw-only-for-tests")
+    _communicator, connected, code = await connect(user)
+    assert (connected, code) == (False, 4401)
+
+
+async def test_a_viewer_hears_a_burst_of_changes_as_one_batch():
+    def make_viewer():
+        user = get_user_model().objects.create_user("vera", password="pw-only-for-tests")
+        grant_role(user, "viewer")
+        return user
+
+    user = await sync_to_async(make_viewer)()
+    communicator, connected, _ = await connect(user)
+    assert connected
+    hello = await communicator.receive_json_from(timeout=5)
+    assert hello == {"event": "hello", "role": "viewer"}
+    await sync_to_async(events.send_batch)(
+        [
+            {"event": "node-changed", "node": 1},
+            {"event": "node-changed", "node": 1},
+            {"event": "slots-changed"},
+        ]
+    )
+    batch = await communicator.receive_json_from(timeout=5)
+    assert batch["event"] == "batch"
+    assert sorted(e["event"] for e in batch["events"]) == ["node-changed", "slots-changed"]
+    await communicator.disconnect()
+
+
+def test_events_of_a_transaction_leave_once_after_commit_and_never_after_a_rollback(monkeypatch):
+    from django.db import transaction
+
+    sent = []
+    monkeypatch.setattr(events, "send_batch", lambda batch: sent.append(batch))
+    with transaction.atomic():
+        events.send_on_commit("node-changed", node=1)
+        events.send_on_commit("node-changed", node=1)
+        events.send_on_commit("lease-changed", lease=7)
+        assert sent == []  # nothing before commit
+    assert sent == [[{"event": "node-changed", "node": 1}, {"event": "lease-changed", "lease": 7}]]
+    sent.clear()
+    with pytest.raises(RuntimeError), transaction.atomic():
+        events.send_on_commit("node-changed", node=2)
+        raise RuntimeError("rolled back")
+    with transaction.atomic():
+        events.send_on_commit("slots-changed")
+    assert sent == [[{"event": "slots-changed"}]]  # the rolled-back event is gone for good
