@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Q
+from django.db.models import Case, Q, Value, When
 
 from fleet.models import HealthSample, Node, NodeStatus
 from fleet.signals import instances_reported, node_draining, nodes_died
@@ -179,11 +179,16 @@ def _has_commitments(node: Node, now: datetime) -> bool:
 
 
 def _bring_back(node: Node, now: datetime) -> None:
-    returning_to = NodeStatus.DRAINING if node.drain_reason else NodeStatus.ONLINE
+    # Both the claim and the choice of status are made by the database in one statement: deciding "draining or
+    # online" from the row read earlier raced with an undrain in between and produced a draining node without a
+    # reason (the check constraint caught it under the concurrency test).
     claimed = Node.objects.filter(pk=node.pk, status=node.status).update(
-        status=returning_to, status_changed_at=now, status_reason="heartbeat received"
+        status=Case(When(drain_reason="", then=Value(NodeStatus.ONLINE)), default=Value(NodeStatus.DRAINING)),
+        status_changed_at=now,
+        status_reason="heartbeat received",
     )
     if claimed:
+        returning_to = Node.objects.filter(pk=node.pk).values_list("status", flat=True).get()
         audit.record(
             at=now,
             actor=None,
