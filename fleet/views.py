@@ -215,11 +215,29 @@ def drain(request, node_id: int):
             actions.do_undrain(request.user, node_id, reason=reason, now=timezone.now())
             messages.success(request, "Node undrained.")
         else:
-            actions.do_drain(request.user, node_id, reason=reason, now=timezone.now())
-            messages.success(request, "Node draining.")
+            now = timezone.now()
+            minutes, parallel = (
+                _positive_int(request.POST.get("deadline_min")),
+                _positive_int(request.POST.get("max_parallel")),
+            )
+            deadline = now + timezone.timedelta(minutes=minutes) if minutes else None
+            actions.do_drain(
+                request.user, node_id, reason=reason, now=now, deadline=deadline, max_parallel=parallel or 2
+            )
+            messages.success(
+                request, "Node draining." + (f" Instances move off within {minutes} min." if minutes else "")
+            )
     except DomainError as exc:
         messages.error(request, str(exc))
     return redirect("node-detail", node_id=node_id)
+
+
+def _positive_int(raw: str | None) -> int | None:
+    try:
+        value = int(raw or "")
+    except ValueError:
+        return None
+    return value if value > 0 else None
 
 
 @role_required("admin")

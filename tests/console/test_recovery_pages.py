@@ -449,3 +449,34 @@ def test_drain_progress_of_a_node_that_is_not_draining_says_so(vera, fleet):
     assert Node.objects.get(pk=fleet[1].pk).status == NodeStatus.ONLINE
     body = vera.get(reverse("node-drain-progress", args=[fleet[1].pk])).content.decode()
     assert "not draining" in body
+
+
+def test_a_drain_from_the_console_can_set_a_deadline_and_parallelism(client, db):
+    from django.contrib.auth import get_user_model
+    from django.utils import timezone
+
+    from fleet import actions as fleet_actions
+    from fleet.models import Node
+    from slotkeeper.management.commands.issue_token import grant_role
+
+    node, _ = fleet_actions.do_register_node(
+        None,
+        name="deadline-node",
+        cpu_cores=4,
+        mem_total_mib=8192,
+        disk_total_gib=50,
+        capabilities=[],
+        now=timezone.now(),
+    )
+    user = get_user_model().objects.create_user("oda", password="pw-only-for-tests")
+    grant_role(user, "operator")
+    client.force_login(user)
+    response = client.post(
+        f"/nodes/{node.pk}/drain",
+        {"reason": "rack move", "confirm": "1", "deadline_min": "30", "max_parallel": "3"},
+    )
+    assert response.status_code == 302
+    node = Node.objects.get(pk=node.pk)
+    assert node.status == "draining"
+    assert node.drain_max_parallel == 3
+    assert 29 * 60 < (node.drain_deadline - timezone.now()).total_seconds() <= 30 * 60
