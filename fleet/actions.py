@@ -201,6 +201,20 @@ def _bring_back(node: Node, now: datetime) -> None:
         node.status = returning_to
 
 
+# What a drain or an undrain changes on the node row; one list, so the two can never save different fields.
+DRAIN_FIELDS = [
+    "status",
+    "status_changed_at",
+    "status_reason",
+    "drain_reason",
+    "drained_by",
+    "drained_at",
+    "drain_deadline",
+    "drain_max_parallel",
+    "version",
+]
+
+
 def do_drain(
     actor,
     node_id: int,
@@ -233,19 +247,7 @@ def do_drain(
         node.drain_deadline = deadline
         node.drain_max_parallel = max_parallel
         node.version += 1
-        node.save(
-            update_fields=[
-                "status",
-                "status_changed_at",
-                "status_reason",
-                "drain_reason",
-                "drained_by",
-                "drained_at",
-                "drain_deadline",
-                "drain_max_parallel",
-                "version",
-            ]
-        )
+        node.save(update_fields=DRAIN_FIELDS)
         audit.record(
             at=now,
             actor=actor,
@@ -280,17 +282,7 @@ def do_undrain(actor, node_id: int, *, reason: str = "", now: datetime) -> Node:
         node.drained_at = None
         node.drain_deadline = None
         node.version += 1
-        node.save(
-            update_fields=[
-                "status",
-                "status_changed_at",
-                "status_reason",
-                "drain_reason",
-                "drained_by",
-                "drained_at",
-                "version",
-            ]
-        )
+        node.save(update_fields=DRAIN_FIELDS)
         audit.record(
             at=now,
             actor=actor,

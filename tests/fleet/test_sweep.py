@@ -116,3 +116,10 @@ def test_history_keeps_one_sample_per_interval_while_the_node_row_keeps_the_late
     node = actions.do_heartbeat(node, report(mem_used_mib=8000), now=t0 + timedelta(seconds=16))
     assert HealthSample.objects.filter(node=node).count() == 2  # t0 and t0+16 s; t0+5 s was within 15 s
     assert Node.objects.get(pk=node.pk).obs_mem_used_mib == 8000
+
+
+def test_an_undrain_clears_the_drain_deadline(tank, t0):
+    actions.do_drain(None, tank.pk, reason="move", now=t0, deadline=t0 + timedelta(hours=1), max_parallel=4)
+    actions.do_undrain(None, tank.pk, reason="done", now=t0)
+    node = Node.objects.get(pk=tank.pk)
+    assert (node.status, node.drain_reason, node.drain_deadline) == ("online", "", None)
