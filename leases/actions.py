@@ -7,10 +7,12 @@ import logging
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from django.utils import timezone
+
 from fleet.models import PlacementReport
 from leases import store
 from leases.lifecycle import IllegalTransition
-from leases.models import Group, Lease, LeaseType
+from leases.models import Group, Lease, LeaseType, SchedulerState
 from leases.scheduler import Decision
 from slotkeeper import audit, events, metrics
 from slotkeeper.audit import actor_label
@@ -85,6 +87,9 @@ def do_submit_lease(actor, spec: LeaseSpec, *, now: datetime) -> Submitted:
         )
         events.send_on_commit("lease-changed", lease=lease.pk)
     metrics.inc("slotkeeper_lease_submissions_total", type=spec.type, accepted=str(decision.accepted).lower())
+    metrics.inc(
+        "slotkeeper_placements_total", kind="lease", outcome="placed" if decision.accepted else "rejected"
+    )
     lease.refresh_from_db()
     return Submitted(lease, decision, report)
 
@@ -173,6 +178,7 @@ def do_cancel_lease(actor, lease_id: int, *, now: datetime, reason: str = "") ->
 
 def tick(now: datetime) -> None:
     """Starts and ends due reservations, processes the queue and re-evaluates (the periodic work)."""
+    started = timezone.now()
     with store.planning(now) as plan:
         plan.scheduler.advance(plan.t, plan.excluded)
         for lease_id, reason in plan.scheduler.replaced:
@@ -184,6 +190,9 @@ def tick(now: datetime) -> None:
 
     supervise(now)
     drive_drains(now)
+    took = (timezone.now() - started).total_seconds()
+    SchedulerState.objects.filter(pk=1).update(last_tick_at=now, last_tick_s=took)
+    metrics.inc("slotkeeper_ticks_total")
 
 
 def claims(now: datetime, node_ids) -> dict[int, tuple[tuple, tuple]]:

@@ -40,8 +40,9 @@ def _on_reports(sender, node, reports, now, **kwargs):
 
 def lease_gauges():
     from django.db.models import Count
+    from django.utils import timezone
 
-    from leases.models import Lease, Reservation
+    from leases.models import Lease, Reschedule, Reservation, SchedulerState
 
     rows = [
         ("slotkeeper_leases", {"state": r["state"]}, r["n"])
@@ -51,4 +52,16 @@ def lease_gauges():
         ("slotkeeper_reservations", {"status": r["status"]}, r["n"])
         for r in Reservation.objects.values("status").annotate(n=Count("id"))
     ]
+    queued = sum(n for name, labels, n in rows if name == "slotkeeper_leases" and "queued" in labels["state"])
+    rows.append(("slotkeeper_queue_length", {}, queued))
+    rows += [
+        ("slotkeeper_reschedules", {"status": r["status"]}, r["n"])
+        for r in Reschedule.objects.values("status").annotate(n=Count("id"))
+    ]
+    state = SchedulerState.objects.filter(pk=1).first()
+    if state is not None and state.last_tick_at is not None:
+        rows.append(
+            ("slotkeeper_last_tick_age_seconds", {}, (timezone.now() - state.last_tick_at).total_seconds())
+        )
+        rows.append(("slotkeeper_last_tick_duration_seconds", {}, state.last_tick_s))
     return rows

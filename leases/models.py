@@ -158,6 +158,10 @@ class SchedulerState(models.Model):
 
     version = models.PositiveBigIntegerField(default=0)
     next_rid = models.PositiveBigIntegerField(default=1)
+    # The last periodic tick, whichever process ran it: /metrics reports its age and duration, so a stopped beat
+    # or a tick that has grown slow shows on every web process, not only in the worker that ran it.
+    last_tick_at = models.DateTimeField(null=True, blank=True)
+    last_tick_s = models.FloatField(default=0)
 
     def __str__(self) -> str:
         return f"scheduler state v{self.version}"

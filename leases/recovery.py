@@ -46,7 +46,7 @@ from leases.models import (
     RescheduleStatus,
     RestartRecord,
 )
-from slotkeeper import audit, events
+from slotkeeper import audit, events, metrics
 from slotkeeper.bulk import update_many
 from slotkeeper.domain import DomainError, NotFound, StaleVersion
 
@@ -728,6 +728,10 @@ def do_approve(
                 if len(ids) == 1:
                     raise
         batch.flush()
+    for result in results:
+        metrics.inc(
+            "slotkeeper_placements_total", kind="reschedule", outcome="placed" if result.ok else result.status
+        )
     return results
 
 

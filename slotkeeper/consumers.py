@@ -14,6 +14,7 @@ import json
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
+from slotkeeper import metrics
 from slotkeeper.events import CONSOLE_GROUP
 from slotkeeper.roles import role_of
 
@@ -38,9 +39,14 @@ class ConsoleConsumer(AsyncWebsocketConsumer):
             await self.close(code=1013)
             return
         await self.accept()
+        metrics.add_gauge("slotkeeper_websocket_clients", 1)
+        self.counted = True
         await self.send(text_data=json.dumps({"event": "hello", "role": role}))
 
     async def disconnect(self, code):
+        if getattr(self, "counted", False):
+            metrics.add_gauge("slotkeeper_websocket_clients", -1)
+            self.counted = False
         # Redis away: its group membership expires on its own.
         with contextlib.suppress(ConnectionError, OSError):
             await self.channel_layer.group_discard(CONSOLE_GROUP, self.channel_name)

@@ -33,3 +33,20 @@ def gauges() -> list[tuple[str, dict[str, str], float]]:
     for source in _gauge_sources:
         out.extend(source())
     return out
+
+
+_levels: Counter[str] = Counter()
+
+
+def add_gauge(name: str, delta: float) -> None:
+    """A process-local level (websocket clients of this Daphne); reported with the process's counters."""
+    with _lock:
+        _levels[name] += delta
+
+
+def _levels_source() -> list[tuple[str, dict[str, str], float]]:
+    with _lock:
+        return [(name, {}, value) for name, value in sorted(_levels.items())]
+
+
+register_gauges(_levels_source)

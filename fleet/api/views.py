@@ -13,6 +13,7 @@ from rest_framework.views import APIView
 from fleet import actions, capacity, placement
 from fleet.api import serializers as s
 from fleet.models import Node, PlacementReport
+from slotkeeper import metrics
 from slotkeeper.audit import actor_label
 from slotkeeper.auth import IsAdmin, IsNodeAgent, IsOperator, IsViewer
 
@@ -83,6 +84,7 @@ class NodeViewSet(
         node = self._own_node(request, pk)
         report = actions.HealthReport(**validated(s.HeartbeatSerializer, request.data))
         node = actions.do_heartbeat(node, report, now=timezone.now())
+        metrics.inc("slotkeeper_heartbeats_total")
         return Response({"status": node.status, "server_time": timezone.now()})
 
     @extend_schema(request=None, responses={200: dict})
@@ -163,6 +165,7 @@ class PlacementPreviewView(APIView):
         now = timezone.now()
         states = placement.snapshot(now)
         result = placement.place(now, need, states=states)
+        metrics.inc("slotkeeper_placements_total", kind="preview", outcome=str(result.outcome))
         report = placement.record(
             now,
             "preview",
