@@ -34,3 +34,31 @@ def test_metrics_count_heartbeats_placements_nodes_and_the_queue(register_node, 
     assert float(lines["slotkeeper_heartbeats_total"]) >= 1
     assert float(lines['slotkeeper_placements_total{kind="preview",outcome="placed"}']) >= 1
     assert "slotkeeper_queue_length" in lines
+
+
+def test_the_request_id_travels_into_celery_tasks_and_onto_every_log_line():
+    import json
+    import logging
+    from types import SimpleNamespace
+
+    from slotkeeper.celery import adopt_request_id, carry_request_id
+    from slotkeeper.logging import JsonFormatter, RequestIdFilter, request_id_var
+
+    token = request_id_var.set("req-42")
+    headers: dict = {}
+    carry_request_id(headers=headers)
+    request_id_var.reset(token)
+    assert headers["request_id"] == "req-42"
+
+    worker_task = SimpleNamespace(request=SimpleNamespace(request_id=None, headers=headers))
+    adopt_request_id(task=worker_task)
+    record = logging.LogRecord("fleet", logging.INFO, __file__, 1, "tick done", (), None)
+    RequestIdFilter().filter(record)
+    line = json.loads(JsonFormatter().format(record))
+    assert (line["request_id"], line["msg"], line["level"]) == ("req-42", "tick done", "info")
+
+
+def test_every_response_carries_a_request_id_and_honours_the_callers():
+    response = Client().get("/login/", HTTP_X_REQUEST_ID="abc123")
+    assert response["X-Request-ID"] == "abc123"
+    assert len(Client().get("/login/")["X-Request-ID"]) == 16
