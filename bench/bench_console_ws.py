@@ -1,0 +1,526 @@
+"""Benchmark the console's live updates: commit-to-browser latency with 100 websocket clients at 1,000 changes/s.
+
+Target (issue 5): p99 <= 100 ms from a change to every open console, with 100 consoles and 1,000 changes a
+second, and far fewer messages than changes per console (the consumer coalesces for 50 ms, so a burst is a few
+batches rather than a storm).
+
+The distributed shape, started by the run: a redis-server on a free loopback port (the channel layer), two Daphne
+processes with REDIS_URL and SECRET_KEY on a fresh PostgreSQL database (`slotkeeper_bench_ws`: its own, so the
+other Django benchmarks' database is left alone), and 100 websocket clients in one asyncio loop in this process,
+spread over the Daphne processes, each with its own session of a viewer user (made with the test client's
+`force_login`: the cookie a browser would hold after signing in, without 100 password hashes). A producer process
+(this script with --produce) makes the changes, paced to the rate, in batches of 1..20 changes (mean 10.5):
+
+- group_send (baseline): each batch as one `group_send` on the channel layer from one event loop. No database,
+  no transaction, no `async_to_sync`: what Redis, Daphne and the consumer cost on their own.
+- commits: each batch as one transaction that UPDATEs the changed nodes and calls `send_on_commit` per change,
+  as `actions.py` does; the events leave as one `group_send` after the commit.
+- ping/pong (baseline): a client's "ping" answered "pong" by the consumer, one at a time over all clients with
+  nothing else running, then every 50 ms during each phase (how long the Daphne event loops take to answer).
+
+Every event carries a sequence number and the wall-clock time it was made ("t", before its commit). For each
+batch it receives, a client records the receive time minus the earliest "t" in it (the change that waited
+longest), counts the message and notes each sequence number, so an event lost is one sent and never seen.
+
+    .venv/bin/python bench/bench_console_ws.py [--quick] [--clients 100] [--rate 1000] [--seconds 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench_heartbeats import ROOT, bench_env, free_port, fresh_postgres, pct, start_django, stop
+
+TARGET_P99_MS = 100.0
+BENCH_DB = "slotkeeper_bench_ws"
+MAX_BATCH = 20
+PHASE = 10_000_000  # sequence numbers of phase k start at k * PHASE, so a late event is never counted twice
+NODES = 1000
+DAPHNE_LOG = Path("/tmp/slotkeeper_bench_console_ws_daphne.log")
+VIEWER = "bench-viewer"
+
+
+# --- the producer (a process of its own: its CPU must not be taken from the clients' loop) --------------------
+
+
+def batches(rate: float, seconds: float, first: int, seed: int) -> Iterator[tuple[float, range]]:
+    """(due offset in s, sequence numbers) for each batch, so both producers send the same shape."""
+    rng, seq, end = random.Random(seed), first, first + int(rate * seconds)
+    while seq < end:
+        size = min(rng.randint(1, MAX_BATCH), end - seq)
+        yield (seq - first) / rate, range(seq, seq + size)
+        seq += size
+
+
+@dataclass
+class Produced:
+    sent: int = 0
+    batches: int = 0
+    elapsed: float = 0.0
+    cpu: float = 0.0
+    late_max: float = 0.0  # how far behind its schedule the producer fell, s
+    broadcasts: list[float] = field(default_factory=list)  # s, each after-commit group_send (commits only)
+
+    def pace(self, started: float, due: float) -> float:
+        """Seconds to sleep before the batch due at `due`; records how late it is when there is none."""
+        wait = started + due - time.perf_counter()
+        self.late_max = max(self.late_max, -wait)
+        return wait
+
+
+def event(seq: int, nodes: list[int]) -> dict:
+    return {"event": "node-changed", "node": nodes[seq % len(nodes)], "seq": seq, "t": time.time()}
+
+
+def produce_commits(rate: float, seconds: float, first: int) -> Produced:
+    from django.db import transaction
+    from django.db.models import F
+
+    from fleet.models import Node
+    from slotkeeper import events
+    from slotkeeper.events import send_on_commit
+
+    out = Produced()
+    send_batch = events.send_batch
+
+    def timed_send_batch(batch: list[dict]) -> None:
+        # Measurement only: the flush after commit looks send_batch up in its module, so this times every
+        # broadcast the commits make without changing what they send.
+        t = time.perf_counter()
+        send_batch(batch)
+        out.broadcasts.append(time.perf_counter() - t)
+
+    events.send_batch = timed_send_batch
+    nodes = list(Node.objects.order_by("id").values_list("id", flat=True))
+    started = time.perf_counter()
+    for due, seqs in batches(rate, seconds, first, seed=first):
+        if (wait := out.pace(started, due)) > 0:
+            time.sleep(wait)
+        with transaction.atomic():
+            ids = [nodes[s % len(nodes)] for s in seqs]
+            Node.objects.filter(id__in=ids).update(obs_load1=F("obs_load1") + 0.01)
+            for s in seqs:
+                send_on_commit(**event(s, nodes))
+        out.sent, out.batches = out.sent + len(seqs), out.batches + 1
+    out.elapsed = time.perf_counter() - started
+    return out
+
+
+async def produce_direct(rate: float, seconds: float, first: int) -> Produced:
+    from channels.layers import get_channel_layer
+
+    from fleet.models import Node
+    from slotkeeper.events import CONSOLE_GROUP
+
+    nodes = [n async for n in Node.objects.order_by("id").values_list("id", flat=True)]
+    layer = get_channel_layer()
+    out, started = Produced(), time.perf_counter()
+    for due, seqs in batches(rate, seconds, first, seed=first):
+        if (wait := out.pace(started, due)) > 0:
+            await asyncio.sleep(wait)
+        await layer.group_send(
+            CONSOLE_GROUP, {"type": "console.event", "events": [event(s, nodes) for s in seqs]}
+        )
+        out.sent, out.batches = out.sent + len(seqs), out.batches + 1
+    out.elapsed = time.perf_counter() - started
+    return out
+
+
+def producer_main(args: argparse.Namespace) -> None:
+    os.environ.update(layer_env(args.database_url, args.layer))
+    sys.path.insert(0, str(SHIM))  # PYTHONPATH is read at start-up only
+    import django
+
+    django.setup()
+    cpu0 = time.process_time()
+    if args.produce == "commits":
+        out = produce_commits(args.rate, args.seconds, args.first)
+    else:
+        out = asyncio.run(produce_direct(args.rate, args.seconds, args.first))
+    out.cpu = time.process_time() - cpu0
+    print(json.dumps(out.__dict__), flush=True)
+
+
+# --- the services -------------------------------------------------------------------------------------------------
+
+LAYERS = ("project", "pubsub")
+SHIM = Path("/tmp/slotkeeper_bench_ws_settings")
+PUBSUB_SETTINGS = """from slotkeeper.settings import *  # noqa: F403
+
+CHANNEL_LAYERS = {
+    "default": {"BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}
+}
+"""
+
+
+def layer_env(database_url: str, layer: str) -> dict[str, str]:
+    """The environment of a Daphne or producer process: the project's settings, or for "pubsub" a settings
+    module written for the run that changes only the channel layer (the suggested fix, measured without touching
+    the project)."""
+    env = bench_env(database_url)
+    if layer == "project":
+        return env
+    SHIM.mkdir(exist_ok=True)
+    (SHIM / "bench_ws_settings.py").write_text(PUBSUB_SETTINGS)
+    return {**env, "DJANGO_SETTINGS_MODULE": "bench_ws_settings", "PYTHONPATH": str(SHIM)}
+
+
+def start_daphnes(database_url: str, layer: str, count: int) -> list[tuple[subprocess.Popen, int]]:
+    started = []
+    for _ in range(count):
+        port = free_port()
+        argv = [
+            sys.executable,
+            "-m",
+            "daphne",
+            "-b",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "slotkeeper.asgi:application",
+        ]
+        env = layer_env(database_url, layer)
+        proc = subprocess.Popen(
+            argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=DAPHNE_LOG.open("ab")
+        )
+        started.append((proc, port))
+    for proc, port in started:
+        wait_until_listening(proc, port)
+    return started
+
+
+def wait_until_listening(proc: subprocess.Popen, port: int) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    raise SystemExit(f"Daphne did not listen on port {port} within 30 s; see {DAPHNE_LOG}")
+
+
+def start_redis() -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+                s.sendall(b"PING\r\n")
+                if s.recv(16).startswith(b"+PONG"):
+                    return proc, port
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise SystemExit(f"redis-server did not answer on port {port} within 15 s")
+
+
+def viewer_sessions(count: int) -> list[str]:
+    """`count` session ids of one viewer, each as a browser would hold it after signing in."""
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Group
+    from django.test import Client
+
+    user = get_user_model().objects.create_user(VIEWER)
+    user.groups.add(Group.objects.get_or_create(name="viewer")[0])
+    sessions = []
+    for _ in range(count):
+        client = Client()
+        client.force_login(user)
+        sessions.append(client.cookies["sessionid"].value)
+    return sessions
+
+
+# --- the clients ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Tally:
+    """What one client saw of one phase."""
+
+    latencies: list[float] = field(default_factory=list)  # s, one per batch
+    messages: int = 0
+    seen: set[int] = field(default_factory=set)
+
+
+class Console:
+    """One signed-in console: reads every message, tallies batches by phase, answers its own pings."""
+
+    def __init__(self, ws) -> None:
+        self.ws = ws
+        self.tallies: dict[int, Tally] = {}
+        self.pong: asyncio.Future[float] | None = None
+        self.last = 0.0  # when the last batch arrived (time.time())
+
+    async def read(self) -> None:
+        async for raw in self.ws:
+            now = time.time()
+            if raw == "pong":
+                if self.pong is not None and not self.pong.done():
+                    self.pong.set_result(time.perf_counter())
+                continue
+            events = json.loads(raw).get("events") or []
+            if events:
+                self.last = now
+                tally = self.tallies.setdefault(events[0]["seq"] // PHASE, Tally())
+                tally.messages += 1
+                tally.latencies.append(now - min(e["t"] for e in events))
+                tally.seen.update(e["seq"] for e in events)
+
+    async def ping(self) -> float:
+        self.pong = asyncio.get_running_loop().create_future()
+        sent = time.perf_counter()
+        await self.ws.send("ping")
+        return await asyncio.wait_for(self.pong, 10) - sent
+
+
+async def open_console(port: int, session: str) -> Console:
+    from websockets.asyncio.client import connect
+
+    base = f"127.0.0.1:{port}"
+    ws = await connect(
+        f"ws://{base}/ws/console/",
+        origin=f"http://{base}",
+        additional_headers={"Cookie": f"sessionid={session}"},
+        open_timeout=30,
+    )
+    hello = json.loads(await ws.recv())
+    if hello.get("event") != "hello" or hello.get("role") != "viewer":
+        raise SystemExit(f"console on port {port} did not say hello as a viewer: {hello}")
+    return Console(ws)
+
+
+async def ping_all(consoles: list[Console], rounds: int) -> list[float]:
+    return [await c.ping() for _ in range(rounds) for c in consoles]
+
+
+async def ping_while(consoles: list[Console], done: asyncio.Event) -> list[float]:
+    """A ping every 50 ms from the next console in turn until `done`: the Daphne loops' lag under the load."""
+    rtts, i = [], 0
+    while not done.is_set():
+        rtts.append(await consoles[i % len(consoles)].ping())
+        i += 1
+        await asyncio.sleep(0.05)
+    return rtts
+
+
+# --- phases --------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PhaseResult:
+    name: str
+    produced: Produced
+    latencies: list[float]  # ms
+    messages: int
+    lost: int
+    received: int
+    pings: list[float]  # ms
+    cpu: dict[str, float]  # CPU seconds per second of the phase, by process
+
+
+class Cpu:
+    """CPU time (user + system) of the named processes, sampled around a phase."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        import psutil
+
+        self.procs = {name: psutil.Process(pid) for name, pid in pids.items()}
+        self.start = self.sample()
+
+    def sample(self) -> dict[str, float]:
+        return {name: sum(p.cpu_times()[:2]) for name, p in self.procs.items()}
+
+    def per_s(self, elapsed: float) -> dict[str, float]:
+        end = self.sample()
+        return {name: (end[name] - self.start[name]) / elapsed for name in end}
+
+
+async def run_phase(
+    index: int, name: str, layer: str, consoles: list[Console], args: argparse.Namespace, pids: dict[str, int]
+) -> PhaseResult:
+    first = index * PHASE
+    argv = [
+        sys.executable,
+        __file__,
+        "--produce",
+        name,
+        "--layer",
+        layer,
+        "--database-url",
+        args.database_url,
+    ]
+    argv += ["--rate", str(args.rate), "--seconds", str(args.seconds), "--first", str(first)]
+    cpu = Cpu({**pids, "clients (this process)": os.getpid()})
+    started = time.perf_counter()
+    producer = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE)
+    done = asyncio.Event()
+    pinger = asyncio.create_task(ping_while(consoles, done))
+    out, _ = await producer.communicate()
+    await quiet(consoles)
+    done.set()
+    pings = await pinger
+    produced = Produced(**json.loads(out.decode().strip().splitlines()[-1]))
+    loads = cpu.per_s(time.perf_counter() - started)
+    loads["producer"] = produced.cpu / (time.perf_counter() - started)
+    return summarise(index, name, consoles, produced, pings, loads)
+
+
+async def quiet(consoles: list[Console], still: float = 1.0, limit: float = 30.0) -> None:
+    """Waits until no console has received a batch for `still` seconds: an event that is merely late (queued in
+    the channel layer) is then counted as late, not lost."""
+    deadline = time.time() + limit
+    while time.time() < deadline and time.time() - max(c.last for c in consoles) < still:
+        await asyncio.sleep(0.1)
+
+
+def summarise(
+    index: int,
+    name: str,
+    consoles: list[Console],
+    produced: Produced,
+    pings: list[float],
+    cpu: dict[str, float],
+) -> PhaseResult:
+    sent = set(range(index * PHASE, index * PHASE + produced.sent))
+    tallies = [c.tallies.get(index, Tally()) for c in consoles]
+    return PhaseResult(
+        name=name,
+        produced=produced,
+        latencies=[x * 1000 for t in tallies for x in t.latencies],
+        messages=sum(t.messages for t in tallies),
+        lost=sum(len(sent - t.seen) for t in tallies),
+        received=sum(len(t.seen & sent) for t in tallies),
+        pings=[x * 1000 for x in pings],
+        cpu=cpu,
+    )
+
+
+# --- report --------------------------------------------------------------------------------------------------------
+
+
+def ms_line(values: list[float]) -> str:
+    top = max(values) if values else 0.0
+    return (
+        f"p50 {pct(values, 50):7.1f}  p95 {pct(values, 95):7.1f}  p99 {pct(values, 99):7.1f}  max {top:7.1f}"
+    )
+
+
+def report(result: PhaseResult, clients: int) -> None:
+    p, seconds = result.produced, result.produced.elapsed or 1.0
+    expected = p.sent * clients
+    print(f"  {result.name}")
+    print(
+        f"    sent {p.sent:,} changes in {p.batches:,} batches over {p.elapsed:.2f} s ({p.sent / seconds:,.0f}/s),"
+        f" producer at most {p.late_max * 1000:.0f} ms behind its schedule"
+    )
+    print(f"    latency (ms)  {ms_line(result.latencies)}  ({len(result.latencies):,} batches)")
+    print(
+        f"    messages per client per s {result.messages / clients / seconds:6.1f}"
+        f"  (events per message {result.received / max(1, result.messages):.1f});"
+        f" lost {result.lost:,} of {expected:,} ({100 * result.lost / max(1, expected):.2f} %)"
+    )
+    print(f"    ping under load (ms) {ms_line(result.pings)}  ({len(result.pings)} pings)")
+    if p.broadcasts:
+        ms = [x * 1000 for x in p.broadcasts]
+        print(f"    after-commit broadcast in the producer (ms) {ms_line(ms)}  ({len(ms)} transactions)")
+    print("    CPU s per s: " + ", ".join(f"{name} {v:.2f}" for name, v in result.cpu.items()))
+
+
+def verdict(result: PhaseResult, layer: str) -> str:
+    p99 = pct(result.latencies, 99)
+    lost = f", {result.lost:,} events lost" if result.lost else ""
+    word = "PASS" if p99 <= TARGET_P99_MS and not result.lost else "FAIL"
+    return f"{layer} layer: commit-to-browser p99 {p99:.1f} ms{lost}: {word} against p99 <= {TARGET_P99_MS:.0f} ms"
+
+
+async def measure(args: argparse.Namespace, layer: str, ports: list[int], pids: dict[str, int]) -> str:
+    opened = time.perf_counter()
+    sessions = args.sessions
+    consoles = await asyncio.gather(*(open_console(ports[i % len(ports)], s) for i, s in enumerate(sessions)))
+    readers = [asyncio.create_task(c.read()) for c in consoles]
+    print(f"  {len(consoles)} consoles signed in and said hello in {time.perf_counter() - opened:.2f} s")
+    idle = [x * 1000 for x in await ping_all(consoles, 5)]
+    print(f"  ping/pong idle, one at a time (ms)  {ms_line(idle)}  ({len(idle)} round trips)")
+    results = []
+    for index, name in enumerate(("direct", "commits"), start=1):
+        results.append(await run_phase(index, name, layer, consoles, args, pids))
+        report(results[-1], len(consoles))
+    for c in consoles:
+        await c.ws.close()
+    for r in readers:
+        r.cancel()
+    return verdict(results[-1], layer)
+
+
+def run_layer(args: argparse.Namespace, layer: str, redis: subprocess.Popen) -> str:
+    started = start_daphnes(args.database_url, layer, args.daphnes)
+    try:
+        pids = {f"daphne{i}": proc.pid for i, (proc, _) in enumerate(started)} | {"redis": redis.pid}
+        backend = "channels_redis core (the project's)" if layer == "project" else "channels_redis pub/sub"
+        print(f"{backend}: {args.clients} clients over {args.daphnes} Daphne, load {os.getloadavg()[0]:.2f}")
+        return asyncio.run(measure(args, layer, [port for _, port in started], pids))
+    finally:
+        for proc, _ in started:
+            stop(proc)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="3 s a phase")
+    parser.add_argument("--clients", type=int, default=100)
+    parser.add_argument("--rate", type=float, default=1000.0, help="changes per second")
+    parser.add_argument("--seconds", type=float, default=None, help="per phase; default 10 (3 with --quick)")
+    parser.add_argument("--daphnes", type=int, default=2)
+    parser.add_argument(
+        "--layers", default=",".join(LAYERS), help="project,pubsub (the default) or one of them"
+    )
+    parser.add_argument("--produce", choices=["direct", "commits"], help=argparse.SUPPRESS)
+    parser.add_argument("--layer", choices=LAYERS, default="project", help=argparse.SUPPRESS)
+    parser.add_argument("--database-url", help=argparse.SUPPRESS)
+    parser.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    args.seconds = args.seconds or (3.0 if args.quick else 10.0)
+    if args.produce:
+        producer_main(args)
+        return
+
+    redis, redis_port = start_redis()
+    try:
+        os.environ["REDIS_URL"] = f"redis://127.0.0.1:{redis_port}/0"
+        args.database_url = fresh_postgres(BENCH_DB)
+        start_django(args.database_url)
+        from bench_heartbeats import register_nodes
+
+        register_nodes(NODES)
+        args.sessions = viewer_sessions(args.clients)
+        print(
+            f"console live updates on PostgreSQL and Redis, {os.cpu_count()} cores: {args.rate:,.0f} changes/s"
+            f" for {args.seconds:g} s a phase, batches of 1..{MAX_BATCH} changes, {NODES:,} nodes"
+        )
+        verdicts = [run_layer(args, layer, redis) for layer in args.layers.split(",")]
+        for line in verdicts:
+            print(line)
+    finally:
+        stop(redis)
+
+
+if __name__ == "__main__":
+    main()
