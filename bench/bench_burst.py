@@ -1,0 +1,484 @@
+"""Benchmark a burst of lease requests on PostgreSQL: 10,000 requests at once against 1,000 nodes, two workers.
+
+Target (issue 6): every lease placed or queued with a start time, time to done <= 10 s, zero overcommit.
+
+Set-up (not timed): a fresh database, N nodes registered and heartbeated through `fleet.actions`, an operator with an
+API token. That fleet is copied aside as a template database, so every variant starts from the same one
+(`CREATE DATABASE ... TEMPLATE`, a second instead of re-registering). While a variant runs, a thread stamps every
+node's `last_heartbeat_at` each 5 s with one UPDATE: the agents' heartbeats, at database cost only, so no node
+turns "no recent health" half-way through a long burst (real heartbeats through the API would take the cores the
+burst needs; see the heartbeat benchmark).
+
+The workload (seeded, the same for every variant): 90 % best-effort, 5 % immediate, 5 % advance reservations
+1 to 6 hours ahead; 1 to 4 VMs each of 1, 2 or 4 cores with 4 GiB per core; 1 to 8 hours. It asks for about 1.5
+times the fleet's cores, so the fleet fills and the rest queues; some immediate leases are rejected (409), which
+is a decided answer too.
+
+Variants, each from the same fleet:
+
+- in-process x W: W worker processes (default 2; the full run also measures 1) each call `do_submit_lease` for
+  every W-th request, all released together. No HTTP; what the plan applier and the database allow.
+- http x 2: two Daphne processes (the distributed deployment's shape) receive `POST /api/leases/` from a pool of
+  keep-alive connections (the asyncio client of the heartbeat benchmark), all requests queued at once.
+
+"Done" is the moment the last request has its answer: `do_submit_lease` decides synchronously, so every answered
+request is already placed, queued or rejected. After each variant the database is checked: one lease per request,
+leases by state, how many hold a live reservation, how many queued leases have a planned start, and the overcommit
+query of the concurrency tests (`tests/leases/invariants.py`), which must return no rows.
+
+`--profile` instead runs cProfile over sequential in-process submissions, once with the scheduler cache kept (one
+worker) and once with it dropped before every call (what each of two alternating workers sees: the other one's
+commit bumped the version), and prints the top functions and queries per submission.
+
+    .venv/bin/python bench/bench_burst.py [--quick] [--nodes 1000] [--leases 10000] [--workers 2] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import random
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from multiprocessing.queues import Queue
+from multiprocessing.synchronize import Barrier
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.bench_heartbeats import (  # noqa: E402
+    PG_SERVER,
+    bench_env,
+    exchange,
+    fresh_postgres,
+    pct,
+    start_daphne,
+    start_django,
+    stop,
+)
+
+BURST_DB = "slotkeeper_bench_burst"
+FLEET_DB = "slotkeeper_bench_burst_fleet"
+TARGET_S = 10.0
+OPERATOR = "burst-operator"
+NODE_CORES, NODE_MEM_MIB, NODE_DISK_GIB = 32, 131072, 2000
+HEARTBEAT_EVERY_S = 5.0
+LOG = Path("/tmp/slotkeeper_bench_burst_daphne.log")
+
+
+# --- the workload ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ask:
+    """One lease request, independent of when it is sent (an AR's start is relative to the send time)."""
+
+    name: str
+    type: str
+    duration_s: float
+    vnodes: tuple[tuple[float, int, int], ...]  # (cpu_cores, mem_mib, disk_gib)
+    start_in_s: float | None = None
+
+    def nodes(self) -> list[dict]:
+        return [{"cpu_cores": c, "mem_mib": m, "disk_gib": d} for c, m, d in self.vnodes]
+
+    def start(self, now: datetime) -> datetime | None:
+        return None if self.start_in_s is None else now + timedelta(seconds=self.start_in_s)
+
+    def body(self, now: datetime) -> dict:
+        start = self.start(now)
+        return {
+            "name": self.name,
+            "type": self.type,
+            "duration_s": self.duration_s,
+            "nodes": self.nodes(),
+            "start": start.isoformat() if start else None,
+        }
+
+
+def workload(count: int, seed: int = 6) -> list[Ask]:
+    rng = random.Random(seed)
+    asks = []
+    for i in range(count):
+        kind = rng.choices(["best_effort", "immediate", "advance_reservation"], [90, 5, 5])[0]
+        vms = []
+        for _ in range(rng.randint(1, 4) if kind == "best_effort" else rng.randint(1, 2)):
+            cores = rng.choices([1, 2, 4], [5, 3, 2])[0]
+            vms.append((float(cores), cores * 4096, 20))
+        start_in = rng.uniform(3600, 6 * 3600) if kind == "advance_reservation" else None
+        asks.append(Ask(f"burst-{i:05d}", kind, rng.randint(1, 8) * 3600.0, tuple(vms), start_in))
+    return asks
+
+
+def demand_line(asks: list[Ask], nodes: int) -> str:
+    cores = sum(c for a in asks for c, _, _ in a.vnodes)
+    kinds = Counter(a.type for a in asks)
+    mix = ", ".join(f"{n:,} {k}" for k, n in sorted(kinds.items()))
+    vms = sum(len(a.vnodes) for a in asks)
+    return (
+        f"  {len(asks):,} leases ({mix}), {vms:,} VMs asking {cores:,.0f} cores;"
+        f" the fleet has {nodes * NODE_CORES:,} ({cores / (nodes * NODE_CORES):.2f}x)"
+    )
+
+
+# --- the fleet ---------------------------------------------------------------------------------------------------
+
+
+def build_fleet(nodes: int) -> str:
+    """Registers and heartbeats `nodes` nodes through the actions, issues the operator's token, and copies the
+    database aside as the template every variant starts from. Returns the operator's raw token."""
+    from django.db import connections
+    from django.utils import timezone
+
+    from fleet import actions as fleet_actions
+    from slotkeeper.management.commands.issue_token import issue
+
+    now = timezone.now()
+    report = fleet_actions.HealthReport(NODE_MEM_MIB, 8192, NODE_DISK_GIB * 0.9, 5.0, 0.5)
+    for i in range(nodes):
+        node, _ = fleet_actions.do_register_node(
+            None,
+            name=f"burst-{i:04d}",
+            cpu_cores=NODE_CORES,
+            mem_total_mib=NODE_MEM_MIB,
+            disk_total_gib=NODE_DISK_GIB,
+            capabilities=["kvm"],
+            now=now,
+        )
+        fleet_actions.do_heartbeat(node, report, now=now)
+    token = issue(OPERATOR, "operator", "burst benchmark")
+    connections.close_all()
+    admin(
+        f'DROP DATABASE IF EXISTS "{FLEET_DB}" WITH (FORCE)',
+        f'CREATE DATABASE "{FLEET_DB}" TEMPLATE "{BURST_DB}"',
+    )
+    return token
+
+
+def admin(*statements: str) -> None:
+    import psycopg
+
+    with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
+        for statement in statements:
+            conn.execute(statement)
+
+
+def reset_fleet() -> None:
+    """The burst database back to the freshly built fleet (Django reconnects on its next query)."""
+    from django.db import connections
+
+    connections.close_all()
+    admin(
+        f'DROP DATABASE IF EXISTS "{BURST_DB}" WITH (FORCE)',
+        f'CREATE DATABASE "{BURST_DB}" TEMPLATE "{FLEET_DB}"',
+    )
+
+
+class Heartbeats:
+    """Stamps every node's last heartbeat each few seconds while a variant runs (see the module docstring)."""
+
+    def __init__(self, database_url: str) -> None:
+        self.url, self._stop = database_url, threading.Event()
+        self._thread = threading.Thread(target=self._run)
+
+    def _run(self) -> None:
+        import psycopg
+
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            while True:
+                conn.execute("UPDATE fleet_node SET last_heartbeat_at = now()")
+                if self._stop.wait(HEARTBEAT_EVERY_S):
+                    return
+
+    def __enter__(self) -> Heartbeats:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+# --- what a variant measured -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Burst:
+    """Answers by outcome ("accepted", "rejected", or an error name / HTTP status), latencies in s, wall time, and
+    the CPU the submitting processes used."""
+
+    answers: Counter[str] = field(default_factory=Counter)
+    latencies: list[float] = field(default_factory=list)
+    elapsed: float = 0.0
+    cpu_s: float = 0.0
+
+    def merge(self, other: Burst) -> None:
+        self.answers.update(other.answers)
+        self.latencies.extend(other.latencies)
+        self.cpu_s += other.cpu_s
+
+    def line(self, name: str) -> str:
+        ms = [x * 1000 for x in self.latencies]
+        n = sum(self.answers.values())
+        verdict = "PASS" if self.elapsed <= TARGET_S else f"FAIL (target {TARGET_S:g} s)"
+        answers = ", ".join(f"{k} {v:,}" for k, v in sorted(self.answers.items()))
+        return (
+            f"  {name:<16} done in {self.elapsed:8.1f} s  {n / self.elapsed:7.1f}/s"
+            f"  p50 {pct(ms, 50):8.1f} ms  p99 {pct(ms, 99):8.1f} ms  CPU {self.cpu_s:6.1f} s  {verdict}\n"
+            f"  {'':<16} answers: {answers}"
+        )
+
+
+def check(requested: int) -> tuple[bool, str]:
+    """What the database holds after a burst, and whether it passes: one lease per request, every lease decided
+    (placed, queued or rejected), no placed lease without a live reservation, and no overcommit at any instant."""
+    from django.db.models import Count
+
+    from leases.models import LIVE_RESERVATION_STATUSES, Lease, Reservation
+    from tests.leases.invariants import overcommitted_instants
+
+    states = dict(Lease.objects.values_list("state").annotate(n=Count("id")).order_by())
+    holding = set(
+        Reservation.objects.filter(status__in=LIVE_RESERVATION_STATUSES).values_list("lease_id", flat=True)
+    )
+    queued = set(Lease.objects.filter(state="queued").values_list("id", flat=True))
+    placed_states = {"scheduled", "preparing", "ready", "active"}
+    placed = set(Lease.objects.filter(state__in=placed_states).values_list("id", flat=True))
+    undecided = sum(n for s, n in states.items() if s not in placed_states | {"queued", "rejected"})
+    over = overcommitted_instants()
+    total = sum(states.values())
+    ok = total == requested and not undecided and placed <= holding and not over
+    text = (
+        f"  {'':<16} leases {total:,} of {requested:,}: "
+        + ", ".join(f"{s} {n:,}" for s, n in sorted(states.items()))
+        + f"; placed without a live reservation {len(placed - holding)}"
+        + f"; queued with a planned start {len(queued & holding)} of {len(queued):,}"
+        + f"; overcommitted instants {len(over)}"
+        + ("" if ok else "  CHECK FAILED")
+    )
+    return ok, text
+
+
+# --- in-process: W processes calling do_submit_lease -------------------------------------------------------------
+
+
+def submit_worker(database_url: str, asks: list[Ask], ready: Barrier, out: Queue) -> None:
+    """One worker process: set Django up, wait for the others, submit its share, report what it measured."""
+    os.environ.update(bench_env(database_url))
+    import django
+
+    django.setup()
+    from django.contrib.auth import get_user_model
+    from django.db import connections
+    from django.utils import timezone
+
+    from leases import actions
+
+    actor = get_user_model().objects.get(username=OPERATOR)
+    burst = Burst()
+    ready.wait()
+    cpu = time.process_time()
+    for ask in asks:
+        t = time.perf_counter()
+        now = timezone.now()
+        spec = actions.LeaseSpec(
+            name=ask.name, type=ask.type, duration_s=ask.duration_s, vnodes=ask.nodes(), start=ask.start(now)
+        )
+        try:
+            done = actions.do_submit_lease(actor, spec, now=now)
+            burst.answers["accepted" if done.decision.accepted else "rejected"] += 1
+        except Exception as exc:  # a failed request is counted and shown, not allowed to stop the burst
+            burst.answers[type(exc).__name__] += 1
+        burst.latencies.append(time.perf_counter() - t)
+    burst.cpu_s = time.process_time() - cpu
+    connections.close_all()
+    out.put(burst)
+
+
+def in_process(database_url: str, asks: list[Ask], workers: int) -> Burst:
+    ctx = mp.get_context("spawn")
+    ready, out = ctx.Barrier(workers + 1), ctx.Queue()
+    procs = [
+        ctx.Process(target=submit_worker, args=(database_url, asks[k::workers], ready, out))
+        for k in range(workers)
+    ]
+    for p in procs:
+        p.start()
+    ready.wait()
+    started = time.perf_counter()
+    total = Burst()
+    for _ in procs:
+        total.merge(out.get())
+    total.elapsed = time.perf_counter() - started
+    for p in procs:
+        p.join()
+    return total
+
+
+# --- over HTTP: two Daphne processes -----------------------------------------------------------------------------
+
+
+def lease_request(ask: Ask, token: str) -> bytes:
+    from django.utils import timezone
+
+    body = json.dumps(ask.body(timezone.now())).encode()
+    return (
+        f"POST /api/leases/ HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+async def http_burst(ports: list[int], asks: list[Ask], token: str, connections: int) -> Burst:
+    """Every request queued at once; `connections` keep-alive connections spread over `ports` each take the next
+    one as soon as their previous answer is in."""
+    burst, pending = Burst(), list(reversed(asks))
+
+    async def connection(k: int) -> None:
+        port = ports[k % len(ports)]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        while pending:
+            ask = pending.pop()
+            t = time.perf_counter()
+            try:
+                status = await exchange(reader, writer, lease_request(ask, token))
+            except (asyncio.IncompleteReadError, ConnectionError):
+                burst.answers["dropped"] += 1
+                writer.close()
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                continue
+            burst.answers[{201: "accepted", 409: "rejected"}.get(status, f"HTTP {status}")] += 1
+            burst.latencies.append(time.perf_counter() - t)
+        writer.close()
+
+    started = time.perf_counter()
+    await asyncio.gather(*(connection(k) for k in range(connections)))
+    burst.elapsed = time.perf_counter() - started
+    return burst
+
+
+def over_http(database_url: str, asks: list[Ask], token: str, processes: int, connections: int) -> Burst:
+    import psutil
+
+    started = [start_daphne(database_url, LOG, None) for _ in range(processes)]
+    try:
+        procs = [psutil.Process(p.pid) for p, _ in started]
+        cpu = sum(sum(p.cpu_times()[:2]) for p in procs)
+        burst = asyncio.run(http_burst([port for _, port in started], asks, token, connections))
+        burst.cpu_s = sum(sum(p.cpu_times()[:2]) for p in procs) - cpu
+    finally:
+        for proc, _ in started:
+            stop(proc)
+    return burst
+
+
+# --- profile -----------------------------------------------------------------------------------------------------
+
+
+def profile(asks: list[Ask], keep_cache: bool) -> None:
+    """cProfile over sequential submissions in this process, with the queries each one runs."""
+    import cProfile
+    import pstats
+
+    from django.contrib.auth import get_user_model
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+    from django.utils import timezone
+
+    from leases import actions, store
+
+    actor = get_user_model().objects.get(username=OPERATOR)
+    prof, queries = cProfile.Profile(), []
+    started = time.perf_counter()
+    for ask in asks:
+        now = timezone.now()
+        spec = actions.LeaseSpec(
+            name=ask.name, type=ask.type, duration_s=ask.duration_s, vnodes=ask.nodes(), start=ask.start(now)
+        )
+        if not keep_cache:
+            store.drop_cache()
+        with CaptureQueriesContext(connection) as captured:
+            prof.enable()
+            actions.do_submit_lease(actor, spec, now=now)
+            prof.disable()
+        queries.append(len(captured.captured_queries))
+    elapsed = time.perf_counter() - started
+    label = (
+        "cache kept (one worker)"
+        if keep_cache
+        else "cache dropped before each call (two alternating workers)"
+    )
+    print(f"\n== {len(asks):,} sequential submissions, {label}: {elapsed:.1f} s, {len(asks) / elapsed:.1f}/s")
+    print(
+        f"   queries per submission: first {queries[0]}, median {sorted(queries)[len(queries) // 2]},"
+        f" last {queries[-1]}, max {max(queries)}"
+    )
+    pstats.Stats(prof, stream=sys.stdout).sort_stats("cumulative").print_stats(25)
+
+
+# --- main --------------------------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="100 nodes, 1,000 leases, two workers only")
+    parser.add_argument("--nodes", type=int, default=None, help="default 1,000 (100 with --quick)")
+    parser.add_argument("--leases", type=int, default=None, help="default 10,000 (1,000 with --quick)")
+    parser.add_argument("--workers", type=int, default=2, help="submitting processes in every variant")
+    parser.add_argument("--connections", type=int, default=32, help="HTTP keep-alive connections")
+    parser.add_argument("--only", choices=["in-process", "http"], default=None, help="run one variant")
+    parser.add_argument(
+        "--profile", type=int, default=0, metavar="N", help="profile N sequential submissions"
+    )
+    args = parser.parse_args()
+    nodes = args.nodes or (100 if args.quick else 1000)
+    count = args.leases or (1000 if args.quick else 10_000)
+    asks = workload(count)
+
+    url = fresh_postgres(BURST_DB)
+    start_django(url)
+    t = time.perf_counter()
+    token = build_fleet(nodes)
+    load = os.getloadavg()
+    print(f"lease burst on PostgreSQL, {nodes:,} nodes of {NODE_CORES} cores, {os.cpu_count()} cores here")
+    print(
+        f"  fleet registered and heartbeated in {time.perf_counter() - t:.1f} s; load average {load[0]:.2f}"
+    )
+    print(demand_line(asks, nodes))
+    if args.profile:
+        for keep in (True, False):
+            reset_fleet()
+            with Heartbeats(url):
+                profile(asks[: args.profile], keep)
+        return
+    variants: list[tuple[str, Callable[[], Burst]]] = []
+    if args.only != "http":
+        counts = [args.workers] if args.quick or args.workers == 1 else [1, args.workers]
+        variants += [(f"in-process x{w}", lambda w=w: in_process(url, asks, w)) for w in counts]
+    if args.only != "in-process":
+        variants.append(
+            (f"http x{args.workers}", lambda: over_http(url, asks, token, args.workers, args.connections))
+        )
+    passed = True
+    for name, run in variants:
+        reset_fleet()
+        print(f"  ... {name}", file=sys.stderr, flush=True)
+        with Heartbeats(url):
+            burst = run()
+        ok, text = check(count)
+        print(burst.line(name))
+        print(text)
+        passed = passed and ok
+    print(f"  load average after: {os.getloadavg()[0]:.2f}; database checks {'PASS' if passed else 'FAIL'}")
+
+
+if __name__ == "__main__":
+    main()
