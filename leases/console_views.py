@@ -266,9 +266,8 @@ def stale_line(message: str) -> str:
 def classify(result: recovery.ApprovalResult) -> tuple[str, str]:
     if result.ok:
         return "moved", result.message
-    # do_approve reports a stale version of one item in a batch by its StaleVersion message; the operator must
-    # re-read that proposal before approving it, so it is its own kind of line, not a generic refusal.
-    if "changed since you saw it" in result.message:
+    # A stale version means the operator must re-read that proposal before approving it: its own kind of line.
+    if result.code == "stale":
         return "stale", stale_line(result.message)
     if result.status == RescheduleStatus.PENDING:
         text = result.message

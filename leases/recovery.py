@@ -618,11 +618,15 @@ class ApprovalResult:
     message: str
     node: str | None = None
     new_instance: str | None = None
+    # What happened, for programs: applied | pending (re-planned, nothing fits) | stale (the version the caller saw
+    # is old) | conflict (already applied or rejected, or nothing to move) | not_found.
+    code: str = ""
 
     def as_dict(self) -> dict:
         return {
             "id": self.id,
             "ok": self.ok,
+            "code": self.code,
             "status": self.status,
             "message": self.message,
             "node": self.node,
@@ -724,7 +728,14 @@ def do_approve(
                 results.append(_approve_one(proposal, plan, (versions or {}).get(pk), fleet, batch, windows))
             except (DomainError, NotFound) as exc:
                 status = proposals[pk].status if pk in proposals else "unknown"
-                results.append(ApprovalResult(pk, False, status, str(exc)))
+                code = (
+                    "not_found"
+                    if isinstance(exc, NotFound)
+                    else "stale"
+                    if isinstance(exc, StaleVersion)
+                    else "conflict"
+                )
+                results.append(ApprovalResult(pk, False, status, str(exc), code=code))
                 if len(ids) == 1:
                     raise
         batch.flush()
@@ -767,7 +778,7 @@ def _approve_one(
         )
         proposal.decided_at, proposal.decided_by = now, who
         batch.proposals.append(proposal)
-        return ApprovalResult(pk, False, proposal.status, proposal.message)
+        return ApprovalResult(pk, False, proposal.status, proposal.message, code="conflict")
     proposed = proposal.proposed_node.name if proposal.proposed_node_id else None
     need, result, ids = plan_move(
         inst, now, preferred=proposed, table=plan.scheduler.table, fleet=fleet, windows=windows
@@ -781,7 +792,7 @@ def _approve_one(
         proposal.version += 1
         proposal.blocked_by = _blocker(result)
         proposal.message = f"still pending: {result.message}"
-        return ApprovalResult(pk, False, proposal.status, proposal.message)
+        return ApprovalResult(pk, False, proposal.status, proposal.message, code="pending")
     target_name = result.nodes[0]
     target_id = ids[target_name]
     if not store.move_vnode(plan, lease.pk, inst.vnode, inst.node_id, target_id):
@@ -836,7 +847,7 @@ def _approve_one(
             details={"node": target_name, "message": message},
         )
     )
-    return ApprovalResult(pk, True, proposal.status, message, target_name, new.iid)
+    return ApprovalResult(pk, True, proposal.status, message, target_name, new.iid, code="applied")
 
 
 def _why(result: capacity.Placement, node: str | None) -> str:

@@ -179,6 +179,7 @@ class ApproveManySerializer(serializers.Serializer):
 class ApprovalResultSerializer(serializers.Serializer):
     id = serializers.IntegerField()
     ok = serializers.BooleanField()
+    code = serializers.ChoiceField(choices=["applied", "pending", "stale", "conflict", "not_found"])
     status = serializers.CharField()
     message = serializers.CharField()
     node = serializers.CharField(allow_null=True)

@@ -89,6 +89,7 @@ def test_bulk_approval_by_ids_gives_a_result_per_item(operator, fleet):
     assert [r["id"] for r in results] == [*ids, 12345]
     assert all(r["ok"] for r in results[:-1]), results
     assert results[-1]["ok"] is False and "does not exist" in results[-1]["message"]
+    assert [r["code"] for r in results] == ["applied"] * len(ids) + ["not_found"]
     assert operator.post("/api/reschedules/approve", {}, format="json").status_code == 400
 
 
