@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -116,6 +117,7 @@ class Command(BaseCommand):
 
     def demo_fleet(self) -> list[tuple[int, str]]:
         """Registers the demo nodes once; keeps their tokens in .demo/ (they are shown only once)."""
+        self.fresh_fleet = False
         token_file = DEMO_DIR / "node-tokens.json"
         saved = json.loads(token_file.read_text()) if token_file.exists() else {}
         tokens = []
@@ -123,6 +125,7 @@ class Command(BaseCommand):
         for name, cores, mem, disk, caps in DEMO_FLEET:
             node = Node.objects.filter(name=name).first()
             if node is None:
+                self.fresh_fleet = True
                 node, token = actions.do_register_node(
                     None,
                     name=name,
@@ -165,7 +168,11 @@ class Command(BaseCommand):
     def start_agents(self, server: str, tokens, stop: threading.Event) -> None:
         from fleet.agent.main import run_simulated_agents
 
-        run_simulated_agents(server, tokens, stop, interval=5.0, work_root=DEMO_DIR / "agents")
+        work_root = DEMO_DIR / "agents"
+        if self.fresh_fleet and work_root.exists():
+            # A new database: the agents' state files speak of instances that no longer exist anywhere.
+            shutil.rmtree(work_root)
+        run_simulated_agents(server, tokens, stop, interval=5.0, work_root=work_root)
 
 
 def submit_demo_leases(server: str, stop: threading.Event, every_s: float = 8.0) -> None:
