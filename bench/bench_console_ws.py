@@ -20,9 +20,18 @@ spread over the Daphne processes, each with its own session of a viewer user (ma
 
 Every event carries a sequence number and the wall-clock time it was made ("t", before its commit). For each
 batch it receives, a client records the receive time minus the earliest "t" in it (the change that waited
-longest), counts the message and notes each sequence number, so an event lost is one sent and never seen.
+longest), counts the message and notes each sequence number, so an event lost is one sent and never seen. A
+phase ends when no console has received anything for 1 s (at most 30 s after the producer stops), so an event
+that is only late counts as late, not lost.
+
+The whole run is repeated for each variant: the project as it is, then each suggested fix applied by a module
+the run writes to /tmp (the project's files are not touched): the channels_redis pub/sub layer (one PUBLISH per
+group_send, fanned out inside each Daphne process, instead of one sorted-set entry per consumer with a capacity
+of 1,500 that drops the rest), and a ConsoleConsumer whose `dispatch` skips Channels' per-message
+`close_old_connections` thread hop for console events (about 0.2 ms of CPU per message per consumer).
 
     .venv/bin/python bench/bench_console_ws.py [--quick] [--clients 100] [--rate 1000] [--seconds 10]
+                                               [--variants project,pubsub,nohop,both]
 """
 
 from __future__ import annotations
@@ -141,7 +150,7 @@ async def produce_direct(rate: float, seconds: float, first: int) -> Produced:
 
 
 def producer_main(args: argparse.Namespace) -> None:
-    os.environ.update(layer_env(args.database_url, args.layer))
+    os.environ.update(variant_env(args.database_url, VARIANTS[args.variant]))
     sys.path.insert(0, str(SHIM))  # PYTHONPATH is read at start-up only
     import django
 
@@ -157,29 +166,67 @@ def producer_main(args: argparse.Namespace) -> None:
 
 # --- the services -------------------------------------------------------------------------------------------------
 
-LAYERS = ("project", "pubsub")
 SHIM = Path("/tmp/slotkeeper_bench_ws_settings")
-PUBSUB_SETTINGS = """from slotkeeper.settings import *  # noqa: F403
+SHIM_FILES = {
+    "bench_ws_pubsub.py": """from slotkeeper.settings import *  # noqa: F403
 
 CHANNEL_LAYERS = {
     "default": {"BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}
 }
-"""
+""",
+    "bench_ws_asgi.py": """from channels.consumer import AsyncConsumer
+
+from slotkeeper.asgi import application  # noqa: F401
+from slotkeeper.consumers import ConsoleConsumer
 
 
-def layer_env(database_url: str, layer: str) -> dict[str, str]:
-    """The environment of a Daphne or producer process: the project's settings, or for "pubsub" a settings
-    module written for the run that changes only the channel layer (the suggested fix, measured without touching
-    the project)."""
-    env = bench_env(database_url)
-    if layer == "project":
-        return env
+async def dispatch(self, message):
+    # Channels runs close_old_connections in a worker thread before every handler; console events touch no
+    # database, so they go straight to their handler.
+    if message["type"] == "console.event":
+        await self.console_event(message)
+    else:
+        await AsyncConsumer.dispatch(self, message)
+
+
+ConsoleConsumer.dispatch = dispatch
+""",
+}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """What the Daphne processes (and, for the layer, the producer) run: the project as it is, or with one of the
+    suggested fixes applied by a module written to /tmp for the run, so the project's files stay as they are."""
+
+    name: str
+    settings: str
+    app: str
+    label: str
+
+
+VARIANTS = {
+    v.name: v
+    for v in (
+        Variant(
+            "project", "slotkeeper.settings", "slotkeeper.asgi", "the project: channels_redis core layer"
+        ),
+        Variant("pubsub", "bench_ws_pubsub", "slotkeeper.asgi", "fix 1: channels_redis pub/sub layer"),
+        Variant("nohop", "slotkeeper.settings", "bench_ws_asgi", "fix 2: no thread hop per console event"),
+        Variant("both", "bench_ws_pubsub", "bench_ws_asgi", "fixes 1 + 2"),
+    )
+}
+
+
+def variant_env(database_url: str, variant: Variant) -> dict[str, str]:
     SHIM.mkdir(exist_ok=True)
-    (SHIM / "bench_ws_settings.py").write_text(PUBSUB_SETTINGS)
-    return {**env, "DJANGO_SETTINGS_MODULE": "bench_ws_settings", "PYTHONPATH": str(SHIM)}
+    for name, text in SHIM_FILES.items():
+        (SHIM / name).write_text(text)
+    env = bench_env(database_url)
+    return {**env, "DJANGO_SETTINGS_MODULE": variant.settings, "PYTHONPATH": str(SHIM)}
 
 
-def start_daphnes(database_url: str, layer: str, count: int) -> list[tuple[subprocess.Popen, int]]:
+def start_daphnes(database_url: str, variant: Variant, count: int) -> list[tuple[subprocess.Popen, int]]:
     started = []
     for _ in range(count):
         port = free_port()
@@ -191,11 +238,14 @@ def start_daphnes(database_url: str, layer: str, count: int) -> list[tuple[subpr
             "127.0.0.1",
             "-p",
             str(port),
-            "slotkeeper.asgi:application",
+            f"{variant.app}:application",
         ]
-        env = layer_env(database_url, layer)
         proc = subprocess.Popen(
-            argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=DAPHNE_LOG.open("ab")
+            argv,
+            cwd=ROOT,
+            env=variant_env(database_url, variant),
+            stdout=subprocess.DEVNULL,
+            stderr=DAPHNE_LOG.open("ab"),
         )
         started.append((proc, port))
     for proc, port in started:
@@ -258,6 +308,8 @@ class Tally:
     latencies: list[float] = field(default_factory=list)  # s, one per batch
     messages: int = 0
     seen: set[int] = field(default_factory=set)
+    first: float = 0.0  # when the first and the last batch arrived (time.time())
+    last: float = 0.0
 
 
 class Console:
@@ -281,6 +333,7 @@ class Console:
                 self.last = now
                 tally = self.tallies.setdefault(events[0]["seq"] // PHASE, Tally())
                 tally.messages += 1
+                tally.first, tally.last = tally.first or now, now
                 tally.latencies.append(now - min(e["t"] for e in events))
                 tally.seen.update(e["seq"] for e in events)
 
@@ -333,7 +386,9 @@ class PhaseResult:
     lost: int
     received: int
     pings: list[float]  # ms
-    cpu: dict[str, float]  # CPU seconds per second of the phase, by process
+    cpu: dict[str, float]  # CPU seconds spent in the phase (sending and draining), by process
+    delivering: float  # s from the first batch a client received to the last, averaged over the clients
+    wall: float = 0.0  # s from the producer's start until the consoles fell quiet
 
 
 class Cpu:
@@ -348,13 +403,18 @@ class Cpu:
     def sample(self) -> dict[str, float]:
         return {name: sum(p.cpu_times()[:2]) for name, p in self.procs.items()}
 
-    def per_s(self, elapsed: float) -> dict[str, float]:
+    def spent(self) -> dict[str, float]:
         end = self.sample()
-        return {name: (end[name] - self.start[name]) / elapsed for name in end}
+        return {name: end[name] - self.start[name] for name in end}
 
 
 async def run_phase(
-    index: int, name: str, layer: str, consoles: list[Console], args: argparse.Namespace, pids: dict[str, int]
+    index: int,
+    name: str,
+    variant: Variant,
+    consoles: list[Console],
+    args: argparse.Namespace,
+    pids: dict[str, int],
 ) -> PhaseResult:
     first = index * PHASE
     argv = [
@@ -362,8 +422,8 @@ async def run_phase(
         __file__,
         "--produce",
         name,
-        "--layer",
-        layer,
+        "--variant",
+        variant.name,
         "--database-url",
         args.database_url,
     ]
@@ -378,9 +438,9 @@ async def run_phase(
     done.set()
     pings = await pinger
     produced = Produced(**json.loads(out.decode().strip().splitlines()[-1]))
-    loads = cpu.per_s(time.perf_counter() - started)
-    loads["producer"] = produced.cpu / (time.perf_counter() - started)
-    return summarise(index, name, consoles, produced, pings, loads)
+    result = summarise(index, name, consoles, produced, pings, {**cpu.spent(), "producer": produced.cpu})
+    result.wall = time.perf_counter() - started
+    return result
 
 
 async def quiet(consoles: list[Console], still: float = 1.0, limit: float = 30.0) -> None:
@@ -410,6 +470,7 @@ def summarise(
         received=sum(len(t.seen & sent) for t in tallies),
         pings=[x * 1000 for x in pings],
         cpu=cpu,
+        delivering=sum(t.last - t.first for t in tallies) / max(1, len(tallies)),
     )
 
 
@@ -423,7 +484,7 @@ def ms_line(values: list[float]) -> str:
     )
 
 
-def report(result: PhaseResult, clients: int) -> None:
+def report(result: PhaseResult, clients: int, idle: float) -> None:
     p, seconds = result.produced, result.produced.elapsed or 1.0
     expected = p.sent * clients
     print(f"  {result.name}")
@@ -433,50 +494,79 @@ def report(result: PhaseResult, clients: int) -> None:
     )
     print(f"    latency (ms)  {ms_line(result.latencies)}  ({len(result.latencies):,} batches)")
     print(
-        f"    messages per client per s {result.messages / clients / seconds:6.1f}"
-        f"  (events per message {result.received / max(1, result.messages):.1f});"
+        f"    messages per client {result.messages / clients:,.0f} over {result.delivering:.1f} s"
+        f" ({result.messages / clients / max(result.delivering, 1e-9):.1f}/s),"
+        f" events per message {result.received / max(1, result.messages):.1f};"
         f" lost {result.lost:,} of {expected:,} ({100 * result.lost / max(1, expected):.2f} %)"
     )
     print(f"    ping under load (ms) {ms_line(result.pings)}  ({len(result.pings)} pings)")
     if p.broadcasts:
         ms = [x * 1000 for x in p.broadcasts]
         print(f"    after-commit broadcast in the producer (ms) {ms_line(ms)}  ({len(ms)} transactions)")
-    print("    CPU s per s: " + ", ".join(f"{name} {v:.2f}" for name, v in result.cpu.items()))
+    print("    CPU s: " + ", ".join(f"{name} {v:.2f}" for name, v in result.cpu.items()))
+    print(daphne_cost(result, clients, idle))
 
 
-def verdict(result: PhaseResult, layer: str) -> str:
+def daphne_cost(result: PhaseResult, clients: int, idle: float) -> str:
+    """Daphne's CPU per layer message a consumer handles (one per batch per client), less what the processes
+    burn idle (`idle` CPU s per s), and the cores that cost makes at the rate sent: the number that says whether
+    two cores can keep up at all."""
+    daphne = sum(v for name, v in result.cpu.items() if name.startswith("daphne")) - idle * result.wall
+    handled = result.produced.batches * clients
+    per_message = daphne / max(1, handled)
+    cores = per_message * result.produced.batches / max(result.produced.elapsed, 1e-9) * clients
+    rate = result.produced.sent / max(result.produced.elapsed, 1e-9)
+    return (
+        f"    Daphne {per_message * 1e6:.0f} us CPU per consumer message"
+        f" ({1e6 * daphne / max(1, result.received):.0f} us per event delivered):"
+        f" {cores:.2f} cores at {rate:,.0f} changes/s"
+    )
+
+
+def verdict(result: PhaseResult, variant: Variant) -> str:
     p99 = pct(result.latencies, 99)
     lost = f", {result.lost:,} events lost" if result.lost else ""
     word = "PASS" if p99 <= TARGET_P99_MS and not result.lost else "FAIL"
-    return f"{layer} layer: commit-to-browser p99 {p99:.1f} ms{lost}: {word} against p99 <= {TARGET_P99_MS:.0f} ms"
+    return f"{variant.label}: commit-to-browser p99 {p99:.1f} ms{lost}: {word} against p99 <= {TARGET_P99_MS:.0f} ms"
 
 
-async def measure(args: argparse.Namespace, layer: str, ports: list[int], pids: dict[str, int]) -> str:
+async def idle_cpu(pids: dict[str, int], seconds: float = 2.0) -> float:
+    """What the Daphne processes burn with the consoles open and nothing sent (the channel layer's receive
+    loops), so the per-message cost does not count it."""
+    cpu = Cpu({name: pid for name, pid in pids.items() if name.startswith("daphne")})
+    await asyncio.sleep(seconds)
+    return sum(cpu.spent().values()) / seconds
+
+
+async def measure(args: argparse.Namespace, variant: Variant, ports: list[int], pids: dict[str, int]) -> str:
     opened = time.perf_counter()
     sessions = args.sessions
     consoles = await asyncio.gather(*(open_console(ports[i % len(ports)], s) for i, s in enumerate(sessions)))
     readers = [asyncio.create_task(c.read()) for c in consoles]
     print(f"  {len(consoles)} consoles signed in and said hello in {time.perf_counter() - opened:.2f} s")
-    idle = [x * 1000 for x in await ping_all(consoles, 5)]
-    print(f"  ping/pong idle, one at a time (ms)  {ms_line(idle)}  ({len(idle)} round trips)")
+    rtts = [x * 1000 for x in await ping_all(consoles, 5)]
+    print(f"  ping/pong idle, one at a time (ms)  {ms_line(rtts)}  ({len(rtts)} round trips)")
+    idle = await idle_cpu(pids)
+    print(f"  Daphne CPU idle with the consoles open: {idle:.3f} s per s (all processes)")
     results = []
     for index, name in enumerate(("direct", "commits"), start=1):
-        results.append(await run_phase(index, name, layer, consoles, args, pids))
-        report(results[-1], len(consoles))
+        results.append(await run_phase(index, name, variant, consoles, args, pids))
+        report(results[-1], len(consoles), idle)
     for c in consoles:
         await c.ws.close()
     for r in readers:
         r.cancel()
-    return verdict(results[-1], layer)
+    return verdict(results[-1], variant)
 
 
-def run_layer(args: argparse.Namespace, layer: str, redis: subprocess.Popen) -> str:
-    started = start_daphnes(args.database_url, layer, args.daphnes)
+def run_variant(args: argparse.Namespace, variant: Variant, redis: subprocess.Popen) -> str:
+    started = start_daphnes(args.database_url, variant, args.daphnes)
     try:
         pids = {f"daphne{i}": proc.pid for i, (proc, _) in enumerate(started)} | {"redis": redis.pid}
-        backend = "channels_redis core (the project's)" if layer == "project" else "channels_redis pub/sub"
-        print(f"{backend}: {args.clients} clients over {args.daphnes} Daphne, load {os.getloadavg()[0]:.2f}")
-        return asyncio.run(measure(args, layer, [port for _, port in started], pids))
+        print(
+            f"{variant.label}: {args.clients} clients over {args.daphnes} Daphne, load {os.getloadavg()[0]:.2f}"
+        )
+        return asyncio.run(measure(args, variant, [port for _, port in started], pids))
     finally:
         for proc, _ in started:
             stop(proc)
@@ -490,10 +580,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=None, help="per phase; default 10 (3 with --quick)")
     parser.add_argument("--daphnes", type=int, default=2)
     parser.add_argument(
-        "--layers", default=",".join(LAYERS), help="project,pubsub (the default) or one of them"
+        "--variants", default=",".join(VARIANTS), help=f"some of {','.join(VARIANTS)} (default: all)"
     )
     parser.add_argument("--produce", choices=["direct", "commits"], help=argparse.SUPPRESS)
-    parser.add_argument("--layer", choices=LAYERS, default="project", help=argparse.SUPPRESS)
+    parser.add_argument("--variant", choices=VARIANTS, default="project", help=argparse.SUPPRESS)
     parser.add_argument("--database-url", help=argparse.SUPPRESS)
     parser.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -515,7 +605,7 @@ def main() -> None:
             f"console live updates on PostgreSQL and Redis, {os.cpu_count()} cores: {args.rate:,.0f} changes/s"
             f" for {args.seconds:g} s a phase, batches of 1..{MAX_BATCH} changes, {NODES:,} nodes"
         )
-        verdicts = [run_layer(args, layer, redis) for layer in args.layers.split(",")]
+        verdicts = [run_variant(args, VARIANTS[name], redis) for name in args.variants.split(",")]
         for line in verdicts:
             print(line)
     finally:
