@@ -383,6 +383,49 @@ def over_http(database_url: str, asks: list[Ask], token: str, processes: int, co
 # --- profile -----------------------------------------------------------------------------------------------------
 
 
+# Where a submission's time goes: (label, file suffix, function) for pstats' cumulative times. The lines overlap
+# (planning contains load and apply); each is a share of the whole submission.
+PARTS = [
+    ("do_submit_lease (the whole submission)", "leases/actions.py", "do_submit_lease"),
+    ("  store.planning: lock, version, nodes, write-back", "leases/store.py", "planning"),
+    ("    store.load: every live lease re-read", "leases/store.py", "load"),
+    ("    store.excluded_nodes: liveness of every node", "leases/store.py", "excluded_nodes"),
+    ("    store.apply: the journal written", "leases/store.py", "apply"),
+    ("      _sync_instances", "leases/store.py", "_sync_instances"),
+    ("  Scheduler.submit (pure planning)", "leases/scheduler.py", "submit"),
+    ("  _report: a PlacementReport, a verdict per node", "leases/actions.py", "_report"),
+    ("  _group_exclusions", "leases/actions.py", "_group_exclusions"),
+    ("  audit.record", "slotkeeper/audit.py", "record"),
+    ("  refresh_from_db", "django/db/models/base.py", "refresh_from_db"),
+]
+
+
+def shares(prof: object, calls: int) -> list[str]:
+    """Each part of PARTS as milliseconds per submission and as a share of the whole submission."""
+    import pstats
+
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    cums = [
+        sum(v[3] for (f, _, fn), v in stats.items() if fn == name and f.endswith(suffix))
+        for _, suffix, name in PARTS
+    ]
+    whole = cums[0] or 1.0
+    return [
+        f"   {label:<52}{1000 * cum / calls:8.1f} ms  {100 * cum / whole:4.0f} %"
+        for (label, _, _), cum in zip(PARTS, cums, strict=True)
+    ]
+
+
+def fleet_read_ms(times: int = 20) -> float:
+    """What `planning` pays on every call before it plans: every Node row of the fleet as a model instance."""
+    from fleet.models import Node
+
+    started = time.perf_counter()
+    for _ in range(times):
+        list(Node.objects.order_by("id"))
+    return 1000 * (time.perf_counter() - started) / times
+
+
 def profile(asks: list[Ask], keep_cache: bool) -> None:
     """cProfile over sequential submissions in this process, with the queries each one runs."""
     import cProfile
@@ -390,26 +433,36 @@ def profile(asks: list[Ask], keep_cache: bool) -> None:
 
     from django.contrib.auth import get_user_model
     from django.db import connection
-    from django.test.utils import CaptureQueriesContext
     from django.utils import timezone
 
     from leases import actions, store
 
     actor = get_user_model().objects.get(username=OPERATOR)
     prof, queries = cProfile.Profile(), []
+    count = [0]
+
+    def counted(execute, sql, params, many, context):
+        count[0] += 1
+        return execute(sql, params, many, context)
+
     started = time.perf_counter()
-    for ask in asks:
-        now = timezone.now()
-        spec = actions.LeaseSpec(
-            name=ask.name, type=ask.type, duration_s=ask.duration_s, vnodes=ask.nodes(), start=ask.start(now)
-        )
-        if not keep_cache:
-            store.drop_cache()
-        with CaptureQueriesContext(connection) as captured:
+    with connection.execute_wrapper(counted):
+        for ask in asks:
+            now = timezone.now()
+            spec = actions.LeaseSpec(
+                name=ask.name,
+                type=ask.type,
+                duration_s=ask.duration_s,
+                vnodes=ask.nodes(),
+                start=ask.start(now),
+            )
+            if not keep_cache:
+                store.drop_cache()
+            count[0] = 0
             prof.enable()
             actions.do_submit_lease(actor, spec, now=now)
             prof.disable()
-        queries.append(len(captured.captured_queries))
+            queries.append(count[0])
     elapsed = time.perf_counter() - started
     label = (
         "cache kept (one worker)"
@@ -421,7 +474,10 @@ def profile(asks: list[Ask], keep_cache: bool) -> None:
         f"   queries per submission: first {queries[0]}, median {sorted(queries)[len(queries) // 2]},"
         f" last {queries[-1]}, max {max(queries)}"
     )
-    pstats.Stats(prof, stream=sys.stdout).sort_stats("cumulative").print_stats(25)
+    print(f"   {'part (cumulative, per submission)':<52}{'time':>11}  {'share':>5}")
+    print("\n".join(shares(prof, len(asks))))
+    print(f"   for scale, outside the profiler: {fleet_read_ms():.1f} ms to read the fleet's Node rows once")
+    pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(15)
 
 
 # --- main --------------------------------------------------------------------------------------------------------
