@@ -168,6 +168,70 @@ def producer_main(args: argparse.Namespace) -> None:
 # --- the services -------------------------------------------------------------------------------------------------
 
 SHIM = Path("/tmp/slotkeeper_bench_ws_settings")
+# Suggested fix 1 as the benchmark measures it: one group member per Daphne process that receives each console
+# event once, coalesces and serialises once per 50 ms, and writes the same text to every console of the process.
+HUB_MODULE = """import asyncio
+import json
+
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+
+from slotkeeper.asgi import application  # noqa: F401
+from slotkeeper.consumers import COALESCE_S, ConsoleConsumer
+from slotkeeper.events import CONSOLE_GROUP
+from slotkeeper.roles import role_of
+
+
+class Hub:
+    def __init__(self):
+        self.consoles, self.pending, self.receiver, self.flusher = set(), {}, None, None
+
+    async def join(self, console):
+        self.consoles.add(console)
+        if self.receiver is None:
+            layer = get_channel_layer()
+            channel = await layer.new_channel()
+            await layer.group_add(CONSOLE_GROUP, channel)
+            self.receiver = asyncio.create_task(self.receive(layer, channel))
+
+    async def receive(self, layer, channel):
+        while True:
+            message = await layer.receive(channel)
+            for payload in message.get("events") or []:
+                self.pending[tuple(sorted((k, str(v)) for k, v in payload.items()))] = payload
+            if self.flusher is None or self.flusher.done():
+                self.flusher = asyncio.create_task(self.flush())
+
+    async def flush(self):
+        await asyncio.sleep(COALESCE_S)
+        batch, self.pending = list(self.pending.values()), {}
+        text = json.dumps({"event": "batch", "events": batch})
+        for console in list(self.consoles):
+            await console.send(text_data=text)
+
+
+HUB = Hub()
+
+
+async def connect(self):
+    user = self.scope.get("user")
+    role = await database_sync_to_async(role_of)(user) if user is not None else None
+    if role is None:
+        await self.close(code=4401)
+        return
+    await self.accept()
+    await self.send(text_data=json.dumps({"event": "hello", "role": role}))
+    await HUB.join(self)
+
+
+async def disconnect(self, code):
+    HUB.consoles.discard(self)
+
+
+ConsoleConsumer.connect = connect
+ConsoleConsumer.disconnect = disconnect
+"""
+
 SHIM_FILES = {
     "bench_ws_pubsub.py": """from slotkeeper.settings import *  # noqa: F403
 
@@ -192,6 +256,7 @@ async def dispatch(self, message):
 
 ConsoleConsumer.dispatch = dispatch
 """,
+    "bench_ws_hub.py": HUB_MODULE,
 }
 
 
@@ -217,6 +282,9 @@ VARIANTS = {
             "nohop", "slotkeeper.settings", "bench_ws_asgi", "variant 2: no thread hop per console event"
         ),
         Variant("both", "bench_ws_pubsub", "bench_ws_asgi", "variants 1 + 2"),
+        Variant(
+            "hub", "slotkeeper.settings", "bench_ws_hub", "variant 3: one group member per process (a hub)"
+        ),
     )
 }
 
