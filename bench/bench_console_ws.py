@@ -29,10 +29,11 @@ writes to /tmp (the project's files are not touched): the channels_redis pub/sub
 the project's core layer discards a group message still queued for its process after `expiry`, 10 s, and the
 pub/sub layer queues without bound instead), and a ConsoleConsumer whose `dispatch` skips Channels'
 per-message `close_old_connections` thread hop for console events (about 0.2 ms of CPU per message per
-consumer), and both.
+consumer), both, and a per-process fan-out hub (one group member per Daphne process that coalesces and
+serialises once and writes the same text to each of its consoles: the suggested fix).
 
     .venv/bin/python bench/bench_console_ws.py [--quick] [--clients 100] [--rate 1000] [--seconds 10]
-                                               [--variants project,pubsub,nohop,both]
+                                               [--variants project,pubsub,nohop,both,hub]
 """
 
 from __future__ import annotations
