@@ -63,6 +63,7 @@ PHASE = 10_000_000  # sequence numbers of phase k start at k * PHASE, so a late 
 NODES = 1000
 DAPHNE_LOG = Path("/tmp/slotkeeper_bench_console_ws_daphne.log")
 VIEWER = "bench-viewer"
+SEED = 7  # the batch sizes, the same in every phase and variant
 
 
 # --- the producer (a process of its own: its CPU must not be taken from the clients' loop) --------------------
@@ -118,7 +119,7 @@ def produce_commits(rate: float, seconds: float, first: int) -> Produced:
     events.send_batch = timed_send_batch
     nodes = list(Node.objects.order_by("id").values_list("id", flat=True))
     started = time.perf_counter()
-    for due, seqs in batches(rate, seconds, first, seed=first):
+    for due, seqs in batches(rate, seconds, first, SEED):
         if (wait := out.pace(started, due)) > 0:
             time.sleep(wait)
         with transaction.atomic():
@@ -140,7 +141,7 @@ async def produce_direct(rate: float, seconds: float, first: int) -> Produced:
     nodes = [n async for n in Node.objects.order_by("id").values_list("id", flat=True)]
     layer = get_channel_layer()
     out, started = Produced(), time.perf_counter()
-    for due, seqs in batches(rate, seconds, first, seed=first):
+    for due, seqs in batches(rate, seconds, first, SEED):
         if (wait := out.pace(started, due)) > 0:
             await asyncio.sleep(wait)
         await layer.group_send(
