@@ -76,3 +76,36 @@ def test_events_of_a_transaction_leave_once_after_commit_and_never_after_a_rollb
     with transaction.atomic():
         events.send_on_commit("slots-changed")
     assert sent == [[{"event": "slots-changed"}]]  # the rolled-back event is gone for good
+
+
+async def test_two_consoles_of_one_process_get_the_same_batch_from_one_group_member():
+    from slotkeeper.consumers import HUB
+
+    def make_viewers():
+        users = []
+        for name in ("v1", "v2"):
+            user = get_user_model().objects.create_user(name, password="pw-only-for-tests")
+            grant_role(user, "viewer")
+            users.append(user)
+        return users
+
+    first_user, second_user = await sync_to_async(make_viewers)()
+    first, ok1, _ = await connect(first_user)
+    second, ok2, _ = await connect(second_user)
+    assert ok1 and ok2
+    await first.receive_json_from(timeout=5)
+    await second.receive_json_from(timeout=5)
+    assert len(HUB.consoles) == 2
+    await sync_to_async(events.send_batch)([{"event": "lease-changed", "lease": 1}])
+    await sync_to_async(events.send_batch)([{"event": "lease-changed", "lease": 2}])
+    seen = []
+    for console in (first, second):
+        got = []
+        while len(got) < 2:
+            batch = await console.receive_json_from(timeout=5)
+            got += [e["lease"] for e in batch["events"]]
+        seen.append(sorted(got))
+    assert seen == [[1, 2], [1, 2]]
+    await first.disconnect()
+    await second.disconnect()
+    assert HUB.consoles == set()
