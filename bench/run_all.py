@@ -30,6 +30,7 @@ QUICK = {
     "bench_preview": ["--quick"],
     "bench_slots_render": ["--quick"],
     "bench_recovery": ["--quick"],
+    "bench_console_ws": ["--quick", "--variants", "project"],
 }
 
 
