@@ -368,6 +368,12 @@ def _too_small(node: NodeState, need: Need) -> Unfit | None:
     )
 
 
+def liveness(node: NodeState, health_max_age_s: float = HEALTH_MAX_AGE_S) -> Unfit | None:
+    """Why the node cannot take any work right now whatever its size (status, stale or unreadable health), or None.
+    The slot table asks only this: capacity over time is its own job."""
+    return _liveness(node, health_max_age_s)
+
+
 def _liveness(node: NodeState, health_max_age_s: float) -> Unfit | None:
     if node.status == "draining":
         return Unfit(ReasonCode.DRAINING, "an operator cordoned this node; undrain it to place work here")

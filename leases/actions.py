@@ -99,7 +99,7 @@ def _missing_capabilities(plan: store.Planning, needed) -> dict[int, str]:
         return {}
     need = set(needed)
     return {
-        n.pk: f"missing_capability: lacks {', '.join(sorted(need - set(n.capabilities)))}"
+        n.id: f"missing_capability: lacks {', '.join(sorted(need - set(n.capabilities)))}"
         for n in plan.nodes
         if not need <= set(n.capabilities)
     }
@@ -129,7 +129,7 @@ def _group_exclusions(lease: Lease) -> dict[int, str]:
 
 
 def _report(plan: store.Planning, lease: Lease, decision: Decision, actor) -> PlacementReport:
-    names = {n.pk: n.name for n in plan.nodes}
+    names = {n.id: n.name for n in plan.nodes}
     verdicts = []
     for node_id, name in names.items():
         why = decision.verdicts.get(node_id) if decision.verdicts else None

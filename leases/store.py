@@ -23,8 +23,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from fleet import capacity
-from fleet.models import Node
-from fleet.placement import snapshot
+from fleet.placement import states_from_rows
 from leases.lifecycle import TERMINAL_LEASE_STATES, LeaseState
 from leases.models import (
     LIVE_RESERVATION_STATUSES,
@@ -43,17 +42,6 @@ log = logging.getLogger(__name__)
 # An arbitrary constant: the advisory lock id every plan applier takes on PostgreSQL.
 PLAN_LOCK_ID = 0x5107_4EE9
 
-# Placer reasons that make a node unusable for any new reservation (capacity itself is the slot table's job).
-LIVENESS_CODES = frozenset(
-    {
-        capacity.ReasonCode.DRAINING,
-        capacity.ReasonCode.OFFLINE,
-        capacity.ReasonCode.DEAD,
-        capacity.ReasonCode.NO_RECENT_HEALTH,
-        capacity.ReasonCode.CAPACITY_UNKNOWN,
-    }
-)
-
 
 def to_epoch(dt: datetime) -> float:
     return dt.timestamp()
@@ -69,7 +57,7 @@ def vnode_res(v: dict) -> Res:
     )
 
 
-def node_capacity(node: Node) -> Res:
+def node_capacity(node: capacity.NodeState) -> Res:
     return Res(cpu=node.cpu_cores * 100, mem=node.mem_total_mib, disk=node.disk_total_gib)
 
 
@@ -130,13 +118,13 @@ class _Cache:
 _cache = _Cache()
 
 
-def fleet_fingerprint(nodes: list[Node]) -> tuple:
-    return tuple((n.pk, n.cpu_cores, n.mem_total_mib, n.disk_total_gib) for n in nodes)
+def fleet_fingerprint(nodes: list[capacity.NodeState]) -> tuple:
+    return tuple((n.id, n.cpu_cores, n.mem_total_mib, n.disk_total_gib) for n in nodes)
 
 
-def load(nodes: list[Node], next_rid: int) -> Scheduler:
+def load(nodes: list[capacity.NodeState], next_rid: int) -> Scheduler:
     """A fresh Scheduler holding every live lease and its live reservations."""
-    sched = Scheduler({n.pk: node_capacity(n) for n in nodes}, scheduler_config())
+    sched = Scheduler({n.id: node_capacity(n) for n in nodes}, scheduler_config())
     live = Lease.objects.exclude(state__in=[s.value for s in TERMINAL_LEASE_STATES]).order_by(
         "submitted_at", "id"
     )
@@ -152,14 +140,14 @@ def load(nodes: list[Node], next_rid: int) -> Scheduler:
     return sched
 
 
-def excluded_nodes(now: datetime, nodes: list[Node]) -> dict[int, str]:
+def excluded_nodes(nodes: list[capacity.NodeState]) -> dict[int, str]:
     """Nodes the placer finds unusable right now (draining, offline, dead, stale or unreadable health)."""
+    max_age = settings.SLOTKEEPER["HEALTH_MAX_AGE_S"]
     out: dict[int, str] = {}
-    probe = capacity.Need(mem_mib=1)
-    for state in snapshot(now, nodes, with_claims=False):
-        verdict = capacity.assess(state, probe, health_max_age_s=settings.SLOTKEEPER["HEALTH_MAX_AGE_S"])
-        if not verdict.fit and verdict.reason_code in LIVENESS_CODES:
-            out[state.id] = f"{verdict.reason_code}: {verdict.reason}"
+    for state in nodes:
+        unfit = capacity.liveness(state, max_age)
+        if unfit is not None:
+            out[state.id] = f"{unfit.code}: {unfit.reason}"
     return out
 
 
@@ -168,7 +156,7 @@ class Planning:
     scheduler: Scheduler
     now: datetime
     excluded: dict[int, str]
-    nodes: list[Node]
+    nodes: list[capacity.NodeState]
 
     @property
     def t(self) -> float:
@@ -187,7 +175,7 @@ def planning(now: datetime) -> Iterator[Planning]:
     with transaction.atomic():
         _lock()
         state, _ = SchedulerState.objects.select_for_update().get_or_create(pk=1)
-        nodes = list(Node.objects.order_by("id"))
+        nodes = states_from_rows(now)
         fingerprint = fleet_fingerprint(nodes)
         cached: _Cached | None = getattr(_cache, "value", None)
         _cache.value = None  # until this transaction commits, nothing in memory can be trusted
@@ -195,7 +183,7 @@ def planning(now: datetime) -> Iterator[Planning]:
             sched = cached.scheduler
         else:
             sched = load(nodes, state.next_rid)
-        plan = Planning(scheduler=sched, now=now, excluded=excluded_nodes(now, nodes), nodes=nodes)
+        plan = Planning(scheduler=sched, now=now, excluded=excluded_nodes(nodes), nodes=nodes)
         yield plan
         changes = sched.take_changes()
         touched = apply(sched, changes)
