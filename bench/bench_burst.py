@@ -21,6 +21,10 @@ Variants, each from the same fleet:
 - http x 2: two Daphne processes (the distributed deployment's shape) receive `POST /api/leases/` from a pool of
   keep-alive connections (the asyncio client of the heartbeat benchmark), all requests queued at once.
 
+- batched xB (`--batched B`): the suggested group commit, approximated from outside the application: B requests
+  share one planning pass. No audit row, report or event per lease, so it is a ceiling for that fix (see
+  `batched_ceiling`).
+
 "Done" is the moment the last request has its answer: `do_submit_lease` decides synchronously, so every answered
 request is already placed, queued or rejected. After each variant the database is checked: one lease per request,
 leases by state, how many hold a live reservation, how many queued leases have a planned start, and the overcommit
@@ -30,7 +34,7 @@ query of the concurrency tests (`tests/leases/invariants.py`), which must return
 worker) and once with it dropped before every call (what each of two alternating workers sees: the other one's
 commit bumped the version), and prints the top functions and queries per submission.
 
-    .venv/bin/python bench/bench_burst.py [--quick] [--nodes 1000] [--leases 10000] [--workers 2] [--profile]
+    .venv/bin/python bench/bench_burst.py [--quick] [--nodes 1000] [--leases 10000] [--workers 2] [--only VARIANT] [--batched B] [--profile N]
 """
 
 from __future__ import annotations
