@@ -171,3 +171,13 @@ def test_a_future_reservation_on_a_node_that_became_unusable_is_re_placed_when_i
     assert "node 1 draining" in lease.message or f"node {planned_node} draining" in lease.message
     assert AuditEntry.objects.filter(action="lease.replace", target_id=str(lease.pk)).exists()
     assert Lease.objects.get(pk=blocker["id"]).state == "done"
+
+
+def test_the_overcommit_query_counts_allocations_that_start_together_once(operator, fleet):
+    from tests.leases.invariants import overcommitted_instants
+
+    # Two VMs of one lease on one node start at the same instant and fill the node exactly: not an overcommit.
+    start = (timezone.now() + timedelta(hours=1)).isoformat()
+    response = submit(operator, type="advance_reservation", start=start, nodes=[vm(cores=2, mem=4096)] * 2)
+    assert response.status_code == 201
+    assert overcommitted_instants() == []
