@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.db.models import Count
 from django.utils import timezone
 
 from fleet import actions as fleet_actions
@@ -176,8 +177,14 @@ def test_a_future_reservation_on_a_node_that_became_unusable_is_re_placed_when_i
 def test_the_overcommit_query_counts_allocations_that_start_together_once(operator, fleet):
     from tests.leases.invariants import overcommitted_instants
 
-    # Two VMs of one lease on one node start at the same instant and fill the node exactly: not an overcommit.
+    # Three reservations starting at one instant put three allocations on one node (6 GiB of 8): legal, but the old
+    # self-join summed the node's use three times over and reported it as overcommitted.
+    for node in fleet[1:]:  # one usable node, so all three land on it
+        fleet_actions.do_drain(None, node.pk, reason="test", now=timezone.now())
     start = (timezone.now() + timedelta(hours=1)).isoformat()
-    response = submit(operator, type="advance_reservation", start=start, nodes=[vm(cores=2, mem=4096)] * 2)
-    assert response.status_code == 201
+    for _ in range(3):
+        response = submit(operator, type="advance_reservation", start=start, nodes=[vm(cores=1, mem=2048)])
+        assert response.status_code == 201
+    per_node = Allocation.objects.filter(live=True).values("node_id").annotate(n=Count("id"))
+    assert max(row["n"] for row in per_node) == 3
     assert overcommitted_instants() == []
