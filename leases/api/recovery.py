@@ -323,7 +323,26 @@ class AlertSerializer(serializers.ModelSerializer):
 
 class AlertViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     serializer_class = AlertSerializer
-    permission_classes = [IsViewer]
+
+    def get_permissions(self):
+        return [IsOperator()] if self.action == "resolve" else [IsViewer()]
+
+    @extend_schema(
+        request=RejectSerializer,
+        responses={200: AlertSerializer, 409: OpenApiResponse(description="already resolved")},
+    )
+    @action(detail=True, methods=["post"])
+    def resolve(self, request, pk=None):
+        data = RejectSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        try:
+            alert_id = int(pk)
+        except (TypeError, ValueError):
+            raise NotFound(f"alert {pk} does not exist") from None
+        alert = recovery.do_resolve_alert(
+            request.user, alert_id, now=timezone.now(), reason=data.validated_data["reason"]
+        )
+        return Response(AlertSerializer(alert).data)
 
     def get_queryset(self):
         qs = Alert.objects.select_related("instance", "node")

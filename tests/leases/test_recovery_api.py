@@ -192,3 +192,15 @@ def test_the_admin_action_approves_through_the_same_path(client, fleet, operator
     proposal.refresh_from_db()
     assert proposal.status == "applied"
     assert proposal.decided_by == "boss"
+
+
+def test_an_operator_resolves_an_alert_once(operator, viewer, fleet):
+    lease = immediate(operator, migratable=False)
+    lose(lease["id"])
+    [alert] = viewer.get("/api/alerts/", {"open": "1"}).json()["results"]
+    assert viewer.post(f"/api/alerts/{alert['id']}/resolve", {}, format="json").status_code == 403
+    done = operator.post(f"/api/alerts/{alert['id']}/resolve", {"reason": "node is back"}, format="json")
+    assert done.status_code == 200 and done.json()["resolved_at"]
+    assert operator.post(f"/api/alerts/{alert['id']}/resolve", {}, format="json").status_code == 409
+    assert viewer.get("/api/alerts/", {"open": "1"}).json()["results"] == []
+    assert operator.post("/api/alerts/999/resolve", {}, format="json").status_code == 404
