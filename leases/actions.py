@@ -78,6 +78,15 @@ def do_submit_lease(actor, spec: LeaseSpec, *, now: datetime) -> Submitted:
         lease.message = decision.message
         lease.save(update_fields=["message"])
         report = _report(plan, lease, decision, actor)
+        if not decision.accepted:
+            from leases.recovery import raise_alert
+
+            raise_alert(
+                "failed_placement",
+                f"lease {lease.pk} {lease.name} ({lease.type}) was rejected: {decision.message}",
+                now,
+                lease=lease,
+            )
         audit.record(
             at=now,
             actor=actor,

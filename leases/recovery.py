@@ -321,6 +321,14 @@ def reschedules_so_far(lease_id: int, vnode: int) -> int:
 def on_nodes_died(node_ids: Iterable[int], now: datetime, reason: str = "") -> list[Reschedule]:
     """Every live instance on the dead nodes is lost; each is held, failed, or proposed for a reschedule."""
     proposals = []
+    for node in Node.objects.filter(pk__in=list(node_ids)):
+        lost = Instance.objects.filter(node=node, state__in=LIVE).count()
+        raise_alert(
+            "node_dead",
+            f"node {node.name} is dead ({reason or 'no reason given'}); {lost} live instance(s) on it",
+            now,
+            node=node,
+        )
     for inst in Instance.objects.select_related("lease", "node").filter(
         node_id__in=list(node_ids), state__in=LIVE
     ):

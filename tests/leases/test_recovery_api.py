@@ -145,7 +145,7 @@ def test_alerts_list_held_instances(operator, viewer, fleet):
     lease = immediate(operator, migratable=False)
     lose(lease["id"])
     alerts = viewer.get("/api/alerts/").json()["results"]
-    assert [a["kind"] for a in alerts] == ["instance_held"]
+    assert sorted(a["kind"] for a in alerts) == ["instance_held", "node_dead"]
 
 
 def test_assignments_carry_what_the_agent_needs_for_the_late_group_check(operator, fleet):
@@ -197,10 +197,24 @@ def test_the_admin_action_approves_through_the_same_path(client, fleet, operator
 def test_an_operator_resolves_an_alert_once(operator, viewer, fleet):
     lease = immediate(operator, migratable=False)
     lose(lease["id"])
-    [alert] = viewer.get("/api/alerts/", {"open": "1"}).json()["results"]
+    [alert] = viewer.get("/api/alerts/", {"open": "1", "kind": "instance_held"}).json()["results"]
     assert viewer.post(f"/api/alerts/{alert['id']}/resolve", {}, format="json").status_code == 403
     done = operator.post(f"/api/alerts/{alert['id']}/resolve", {"reason": "node is back"}, format="json")
     assert done.status_code == 200 and done.json()["resolved_at"]
     assert operator.post(f"/api/alerts/{alert['id']}/resolve", {}, format="json").status_code == 409
-    assert viewer.get("/api/alerts/", {"open": "1"}).json()["results"] == []
+    assert viewer.get("/api/alerts/", {"open": "1", "kind": "instance_held"}).json()["results"] == []
     assert operator.post("/api/alerts/999/resolve", {}, format="json").status_code == 404
+
+
+def test_a_dead_node_and_a_rejected_lease_raise_alerts(operator, viewer, fleet):
+    assert immediate(operator, nodes=[vm(mem=8192)] * 4)  # fills the fleet
+    rejected = operator.post(
+        "/api/leases/",
+        {"name": "late", "type": "immediate", "duration_s": 60, "nodes": [vm(mem=4096)]},
+        format="json",
+    )
+    assert rejected.status_code == 409
+    fleet_actions.do_declare_dead(None, fleet[0].pk, reason="PSU", now=timezone.now())
+    kinds = {a["kind"]: a for a in viewer.get("/api/alerts/").json()["results"]}
+    assert "was rejected" in kinds["failed_placement"]["message"]
+    assert kinds["node_dead"]["node"] == fleet[0].name and "PSU" in kinds["node_dead"]["message"]
