@@ -17,9 +17,25 @@
     if (el) { el.textContent = text; el.className = cls || "muted"; }
   }
 
+  // At most one re-fetch per event kind per GAP_MS, leading AND trailing: the first change goes at once, and
+  // changes during the gap are folded into one more re-fetch at its end. (htmx's own `throttle:` modifier drops
+  // the events inside its window, so a change right after another could stay invisible until the next one.)
+  const GAP_MS = 500;
+  const lastFired = {};
+  const trailing = {};
+
+  function dispatch(name, detail) {
+    lastFired[name] = Date.now();
+    document.body.dispatchEvent(new CustomEvent(name, { detail: detail || {} }));
+  }
+
   function fire(name, detail) {
     if (paused) { missed = true; return; }
-    document.body.dispatchEvent(new CustomEvent(name, { detail: detail || {} }));
+    const wait = (lastFired[name] || 0) + GAP_MS - Date.now();
+    if (wait <= 0) { dispatch(name, detail); return; }
+    if (!trailing[name]) {
+      trailing[name] = setTimeout(function () { trailing[name] = null; dispatch(name, {}); }, wait);
+    }
   }
 
   function resync() { fire("resync"); }
