@@ -80,3 +80,16 @@ def pytest_runtest_makereport(item, call):
     report = yield
     setattr(item, f"report_{report.when}", report)
     return report
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """One headless Chromium per browser-test module."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.console.live import CHROMIUM, CHROMIUM_ARGS
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()

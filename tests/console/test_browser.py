@@ -7,24 +7,13 @@ Screenshots of failures land in test-artifacts/. Skipped only when Debian's chro
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
 from tests.console import live
 
-CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM = live.CHROMIUM
 ARTIFACTS = live.ROOT / "test-artifacts"
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 pytestmark = [
     pytest.mark.browser,
@@ -39,16 +28,6 @@ def console(tmp_path_factory):
         server.heartbeat(name, used_mib=2048)
     yield server
     live.stop(server.process)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-        yield chromium
-        chromium.close()
 
 
 @pytest.fixture(scope="module")

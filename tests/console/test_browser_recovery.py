@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from tests.console import live
 
-CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM = live.CHROMIUM
 ARTIFACTS = live.ROOT / "test-artifacts"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
 
 pytestmark = [
     pytest.mark.browser,
@@ -45,16 +43,6 @@ def console(tmp_path_factory):
     server.admin_token = admin_token(workdir)  # type: ignore[attr-defined]
     yield server
     live.stop(server.process)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-        yield chromium
-        chromium.close()
 
 
 @pytest.fixture
