@@ -12,7 +12,7 @@ from django.utils import timezone
 from fleet.models import PlacementReport
 from leases import store
 from leases.lifecycle import IllegalTransition
-from leases.models import Group, Lease, LeaseType, SchedulerState
+from leases.models import Group, Lease, SchedulerState
 from leases.scheduler import Decision
 from slotkeeper import audit, events, metrics
 from slotkeeper.audit import actor_label
@@ -226,6 +226,3 @@ def claims(now: datetime, node_ids) -> dict[int, tuple[tuple, tuple]]:
         running, pending = out.setdefault(node_id, ([], []))
         (running if state == "running" else pending).append(claim)
     return {k: (tuple(r), tuple(p)) for k, (r, p) in out.items()}
-
-
-LEASE_TYPES = [t.value for t in LeaseType]

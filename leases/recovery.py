@@ -1041,7 +1041,3 @@ def assignments(node: Node, now: datetime) -> list[dict]:
             }
         )
     return out
-
-
-def node_is_dead(node_id: int) -> bool:
-    return Node.objects.filter(pk=node_id, status=NodeStatus.DEAD).exists()
