@@ -305,8 +305,13 @@ class TestSchema:
         assert viewer.get("/api/schema/").status_code == 200
 
 
-def test_stale_health_ages_out_of_the_fleet(register_node):
+def test_a_heartbeat_is_stamped_with_the_servers_clock_and_stale_health_is_unfit(register_node, operator):
     node, agent = register_node()
     beat(agent, node)
     node.refresh_from_db()
     assert (timezone.now() - node.last_heartbeat_at).total_seconds() < 5
+    # 31 s later the same node's health is stale: the preview must refuse it with its own reason.
+    Node.objects.filter(pk=node.pk).update(last_heartbeat_at=timezone.now() - timezone.timedelta(seconds=31))
+    body = operator.post("/api/placement/preview", {"mem_mib": 1024}, format="json").json()
+    assert body["outcome"] == "fleet_unreadable"
+    assert body["verdicts"][0]["reason_code"] == "no_recent_health"
