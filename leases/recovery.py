@@ -87,9 +87,12 @@ def _next_generation(lease_id: int, vnode: int) -> int:
     return 0 if top is None else top + 1
 
 
-def create_instance(lease_id: int, vnode: int, node_id: int, now: datetime, *, replaces=None) -> Instance:
-    generation = _next_generation(lease_id, vnode)
-    inst = Instance.objects.create(
+def placed_instance(
+    lease_id: int, vnode: int, generation: int, node_id: int, now: datetime, *, replaces=None
+) -> tuple[Instance, InstanceEvent]:
+    """A new instance placed on a node, and its first history row, both unsaved: how every instance starts,
+    whether one is created at a time (a lease starting) or many in one write (a bulk approval)."""
+    inst = Instance(
         iid=instance_id(lease_id, vnode, generation),
         lease_id=lease_id,
         vnode=vnode,
@@ -101,9 +104,16 @@ def create_instance(lease_id: int, vnode: int, node_id: int, now: datetime, *, r
         state_changed_at=now,
         replaces=replaces,
     )
-    InstanceEvent.objects.create(
-        instance=inst, at=now, from_state=_I.REQUESTED, to_state=_I.PLACED, reason="placed"
+    return inst, InstanceEvent(at=now, from_state=_I.REQUESTED, to_state=_I.PLACED, reason="placed")
+
+
+def create_instance(lease_id: int, vnode: int, node_id: int, now: datetime, *, replaces=None) -> Instance:
+    inst, first = placed_instance(
+        lease_id, vnode, _next_generation(lease_id, vnode), node_id, now, replaces=replaces
     )
+    inst.save()
+    first.instance = inst
+    first.save()
     events.send_on_commit("instance-changed", instance=inst.iid, lease=lease_id)
     return inst
 
@@ -808,22 +818,9 @@ def _approve_one(
         batch.proposals.pop()
         raise DomainError(f"the slot table has no room for {inst.iid} on {target_name} any more")
     generation = batch.next_generation(lease.pk, inst.vnode)
-    new = Instance(
-        iid=instance_id(lease.pk, inst.vnode, generation),
-        lease=lease,
-        vnode=inst.vnode,
-        generation=generation,
-        node_id=target_id,
-        state=_I.PLACED,
-        desired_state="running",
-        created_at=now,
-        state_changed_at=now,
-        replaces=inst,
-    )
+    new, first = placed_instance(lease.pk, inst.vnode, generation, target_id, now, replaces=inst)
     batch.new_instances.append((proposal, new))
-    batch.history.append(
-        (new, InstanceEvent(at=now, from_state=_I.REQUESTED, to_state=_I.PLACED, reason="placed"))
-    )
+    batch.history.append((new, first))
     fleet.moved(inst, new, need, target_name)
     if inst.state == _I.LOST:
         batch.event(inst, _I.RESCHEDULED, f"replaced by {new.iid} on {target_name}")
