@@ -14,13 +14,9 @@ import pytest
 
 from tests.console import live
 
-CHROMIUM = live.CHROMIUM
 ARTIFACTS = live.ROOT / "test-artifacts"
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium"),
-]
+pytestmark = live.BROWSER_TEST
 
 
 def admin_token(workdir) -> str:
