@@ -15,9 +15,9 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Case, Q, Value, When
 
-from fleet.models import HealthSample, Node, NodeStatus
+from fleet.models import HealthSample, Node, NodeStatus, SweepState
 from fleet.signals import instances_reported, node_draining, nodes_died
-from slotkeeper import audit, events
+from slotkeeper import audit, events, metrics, planlock
 from slotkeeper.domain import DomainError, NotFound
 from slotkeeper.models import hash_token, new_token
 
@@ -114,22 +114,52 @@ def running_instance_count(node: Node, now: datetime) -> int:
 
 
 def do_delete_node(actor, node_id: int, *, now: datetime) -> None:
+    """Deletes a node that holds nothing: no instance, and no reservation that is running or still to come.
+
+    Deleting one that still held reservations took its allocations with it while the reservations kept naming it,
+    and every later tick, submission and cancel failed. Under the plan lock, so no plan lands on it meanwhile."""
     with transaction.atomic():
+        planlock.take()
         node = get_node(node_id, lock=True)
         running = running_instance_count(node, now)
         if running:
             raise DomainError(f"node {node.name} still runs {running} instance(s); drain it first")
+        # Through the reverse relation: the fleet does not import the lease app.
+        held = list(
+            node.allocations.filter(live=True, end__gt=now)
+            .order_by("start")
+            .values_list("reservation__rid", "reservation__lease_id")
+        )
+        if held:
+            leases = sorted({lease for _, lease in held})
+            raise DomainError(
+                f"node {node.name} holds {len(held)} reservation(s) of lease(s) "
+                f"{', '.join(str(x) for x in leases[:10])}{' …' if len(leases) > 10 else ''}; "
+                "drain it and let them end or move first",
+                extra={
+                    "code": "has_reservations",
+                    "reservations": [rid for rid, _ in held],
+                    "leases": leases,
+                },
+            )
         audit.record(at=now, actor=actor, action="node.delete", target=node)
         node.delete()
         events.send_on_commit("node-changed", node=node_id)
+
+
+class Fenced(DomainError):
+    """A heartbeat from a node an operator declared dead: it stays out until an admin re-admits it (409)."""
 
 
 def do_heartbeat(node: Node, report: HealthReport, *, now: datetime) -> Node:
     """Stores the latest health on the node row and one history sample; brings an offline or dead node back.
 
     It never takes a node out of draining: a drain is an operator's decision, and a heartbeat only says the machine
-    is reachable. A node that returns from offline/dead comes back as draining when it was drained before.
+    is reachable. A node that returns from offline/dead comes back as draining when it was drained before. A fenced
+    node (declared dead by an operator) does not come back at all: its heartbeat is refused with `Fenced`.
     """
+    if node.fenced_at is not None:
+        refuse_fenced(node, now)
     instances = list(report.instances)
     fields = {
         "last_heartbeat_at": now,
@@ -148,7 +178,15 @@ def do_heartbeat(node: Node, report: HealthReport, *, now: datetime) -> Node:
     if sample:
         fields["last_sample_at"] = now
     with transaction.atomic():
-        Node.objects.filter(pk=node.pk).update(**fields)
+        # Instance rows first, node row after: the lock order every writer shares (lease, then instances by id,
+        # then nodes by id). The reports are ingested under those row locks, so a cancel that changes the same
+        # instances waits for this heartbeat, or this heartbeat for it, and neither overwrites the other.
+        instances_reported.send(sender=Node, node=node, reports=instances, now=now)
+        updated = Node.objects.filter(pk=node.pk, fenced_at=None).update(**fields)
+        if not updated:
+            # Declared dead (and fenced) between the read above and now: refuse like any fenced heartbeat.
+            node.refresh_from_db()
+            refuse_fenced(node, now)
         if sample:
             HealthSample.objects.create(
                 node_id=node.pk,
@@ -163,9 +201,19 @@ def do_heartbeat(node: Node, report: HealthReport, *, now: datetime) -> Node:
             _bring_back(node, now)
         for field, value in fields.items():
             setattr(node, field, value)
-        instances_reported.send(sender=Node, node=node, reports=instances, now=now)
         events.send_on_commit("node-changed", node=node.pk)
     return node
+
+
+def refuse_fenced(node: Node, now: datetime) -> None:
+    # Remember that it still calls (the node page shows it), outside the refused work's transaction.
+    Node.objects.filter(pk=node.pk).update(last_fenced_heartbeat_at=now)
+    metrics.inc("slotkeeper_fenced_heartbeats_total")
+    raise Fenced(
+        f"node {node.name} was declared dead ({node.fence_reason or node.status_reason}) and is fenced: "
+        "stop every instance and wait until an admin re-admits it",
+        extra={"code": "fenced", "node": node.name},
+    )
 
 
 def _has_commitments(node: Node, now: datetime) -> bool:
@@ -296,24 +344,99 @@ def do_undrain(actor, node_id: int, *, reason: str = "", now: datetime) -> Node:
 
 
 def do_declare_dead(actor, node_id: int, *, reason: str, now: datetime) -> Node:
+    """An operator's word that the machine is gone: its instances are lost, and it is fenced until re-admitted.
+
+    Under the plan lock, so an approval or a submission either committed before (and its instances on this node
+    are lost with the rest) or plans after, and sees the node dead."""
     reason = (reason or "").strip()
     if not reason:
         raise DomainError("declaring a node dead needs a reason")
     with transaction.atomic():
+        planlock.take()
         node = get_node(node_id, lock=True)
-        if node.status == NodeStatus.DEAD:
-            raise DomainError(f"node {node.name} is already dead")
-        _mark_dead(node, now, reason=reason, actor=actor, action="node.declare_dead")
+        if node.fenced_at is not None:
+            raise DomainError(f"node {node.name} is already declared dead ({node.fence_reason})")
+        was_dead = node.status == NodeStatus.DEAD
+        node.fenced_at = now
+        node.fence_reason = reason[:300]
+        if was_dead:
+            # The sweep found it dead already (its instances are lost): fence it from now on.
+            node.status_reason = reason[:300]
+            node.version += 1
+            node.save(update_fields=["fenced_at", "fence_reason", "status_reason", "version"])
+            audit.record(
+                at=now,
+                actor=actor,
+                action="node.declare_dead",
+                target=node,
+                reason=reason,
+                details={"from": "dead"},
+            )
+            events.send_on_commit("node-changed", node=node.pk)
+        else:
+            _mark_dead(
+                node,
+                now,
+                reason=reason,
+                actor=actor,
+                action="node.declare_dead",
+                extra=["fenced_at", "fence_reason"],
+            )
     return node
 
 
-def _mark_dead(node: Node, now: datetime, *, reason: str, actor, action: str) -> None:
+def do_readmit(actor, node_id: int, *, reason: str, now: datetime) -> Node:
+    """An admin takes a fenced node back: it is offline until its next heartbeat brings it online (or draining)."""
+    reason = (reason or "").strip()
+    if not reason:
+        raise DomainError("re-admitting a node needs a reason")
+    with transaction.atomic():
+        node = get_node(node_id, lock=True)
+        if node.fenced_at is None:
+            raise DomainError(
+                f"node {node.name} is not fenced (it is {node.status}); there is nothing to re-admit"
+            )
+        fenced_for = reason and node.fence_reason
+        node.fenced_at = None
+        node.fence_reason = ""
+        node.status = NodeStatus.OFFLINE
+        node.status_changed_at = now
+        node.status_reason = f"re-admitted: {reason}"[:300]
+        # Silence is counted from here: the sweep must not find it dead again before its agent had a chance.
+        node.last_heartbeat_at = None
+        node.version += 1
+        node.save(
+            update_fields=[
+                "fenced_at",
+                "fence_reason",
+                "status",
+                "status_changed_at",
+                "status_reason",
+                "last_heartbeat_at",
+                "version",
+            ]
+        )
+        audit.record(
+            at=now,
+            actor=actor,
+            action="node.readmit",
+            target=node,
+            reason=reason,
+            details={"fenced_for": fenced_for},
+        )
+        events.send_on_commit("node-changed", node=node.pk)
+    return node
+
+
+def _mark_dead(
+    node: Node, now: datetime, *, reason: str, actor, action: str, extra: list[str] | None = None
+) -> None:
     previous = node.status
     node.status = NodeStatus.DEAD
     node.status_changed_at = now
-    node.status_reason = reason
+    node.status_reason = reason[:300]
     node.version += 1
-    node.save(update_fields=["status", "status_changed_at", "status_reason", "version"])
+    node.save(update_fields=["status", "status_changed_at", "status_reason", "version", *(extra or [])])
     audit.record(at=now, actor=actor, action=action, target=node, reason=reason, details={"from": previous})
     nodes_died.send(sender=Node, node_ids=[node.pk], now=now, reason=reason)
     events.send_on_commit("node-changed", node=node.pk)
@@ -332,33 +455,130 @@ class SweepResult:
     offline: list[str]
     dead: list[str]
     trimmed_samples: int
+    # Set when this sweep began after a gap (its own outage): every node got a fresh grace.
+    resumed_after_s: float | None = None
+    # Set while more than DISRUPTION_SHARE of the fleet is silent at once: nobody is declared dead.
+    disrupted: bool = False
+    note: str = ""
+
+
+def _sweep_state(now: datetime) -> tuple[SweepState, float | None]:
+    """Locks the sweep's row and says how long the sweep was away, if it was away long enough to matter."""
+    state = SweepState.objects.select_for_update().filter(pk=1).first()
+    if state is None:
+        state, _ = SweepState.objects.get_or_create(pk=1)
+        state = SweepState.objects.select_for_update().get(pk=1)
+    gap = None if state.last_sweep_at is None else (now - state.last_sweep_at).total_seconds()
+    away = settings.SLOTKEEPER["SWEEP_OUTAGE_GAP_S"]
+    if state.last_sweep_at is None or (gap is not None and gap > away):
+        # The first sweep of a fresh install, or one after the sweep (or the whole server) was not running:
+        # silence before now says nothing about the nodes, so it is counted from now.
+        state.grace_from = now
+        return state, gap
+    return state, None
 
 
 def sweep(now: datetime) -> SweepResult:
-    """Marks silent nodes offline (20 s) and then dead (after the grace); trims the health history.
+    """Marks silent nodes offline (after OFFLINE_AFTER_S) and then dead (after DEAD_AFTER_S more); trims the
+    health history.
+
+    Two guards keep the sweep from mistaking its own trouble for the fleet's: silence is counted from the latest
+    of a node's last heartbeat and `grace_from` (when the sweep came back after being away), and while more than
+    DISRUPTION_SHARE of the fleet is silent at once nodes are marked offline but none is declared dead.
 
     Claims one node at a time with a conditional update, so two sweeps (two beats, or beat and an operator) never
     both act on the same node, and a heartbeat that lands between the read and the update wins.
     """
     result = SweepResult(offline=[], dead=[], trimmed_samples=0)
-    offline_cutoff = now - timedelta(seconds=_offline_after())
-    dead_cutoff = now - timedelta(seconds=_dead_after())
+    offline_after = _offline_after()
+    with transaction.atomic():
+        state, away = _sweep_state(now)
+        if away is not None or state.last_sweep_at is None:
+            result.resumed_after_s = away
+        grace_from = state.grace_from
+        offline_cutoff = now - timedelta(seconds=offline_after)
+        dead_cutoff = now - timedelta(seconds=_dead_after())
+        disrupted = _disruption(state, now, offline_cutoff, grace_from, result)
+        state.last_sweep_at = now
+        state.save(update_fields=["last_sweep_at", "grace_from", "disrupted_since", "disruption_note"])
+    if grace_from is not None and grace_from > offline_cutoff:
+        offline_cutoff = grace_from  # nobody has been silent long enough since the grace began
+    if grace_from is not None and grace_from > dead_cutoff:
+        dead_cutoff = grace_from
     silent = Q(last_heartbeat_at__lt=offline_cutoff) | Q(
         last_heartbeat_at=None, status_changed_at__lt=offline_cutoff
     )
-    for node in Node.objects.filter(silent, status=NodeStatus.ONLINE).only("id", "name", "status"):
-        with transaction.atomic():
-            claimed = (
-                Node.objects.filter(pk=node.pk, status=NodeStatus.ONLINE)
-                .filter(silent)
-                .update(
-                    status=NodeStatus.OFFLINE, status_changed_at=now, status_reason="no heartbeat for 20 s"
+    if grace_from is None or grace_from <= now - timedelta(seconds=offline_after):
+        reason = f"no heartbeat for {offline_after:g} s"
+        for node in Node.objects.filter(silent, status=NodeStatus.ONLINE).only("id", "name", "status"):
+            with transaction.atomic():
+                claimed = (
+                    Node.objects.filter(pk=node.pk, status=NodeStatus.ONLINE)
+                    .filter(silent)
+                    .update(status=NodeStatus.OFFLINE, status_changed_at=now, status_reason=reason)
                 )
-            )
-            if claimed:
-                audit.record(at=now, actor=None, action="node.offline", target=node, reason="no heartbeat")
-                events.send_on_commit("node-changed", node=node.pk)
-                result.offline.append(node.name)
+                if claimed:
+                    audit.record(
+                        at=now, actor=None, action="node.offline", target=node, reason="no heartbeat"
+                    )
+                    events.send_on_commit("node-changed", node=node.pk)
+                    result.offline.append(node.name)
+    if not disrupted and (grace_from is None or grace_from <= now - timedelta(seconds=_dead_after())):
+        _declare_silent_dead(now, dead_cutoff, result)
+    result.trimmed_samples = trim_health_history(now)
+    if result.offline or result.dead or result.resumed_after_s is not None:
+        log.info(
+            "sweep",
+            extra={
+                "offline": result.offline,
+                "dead": result.dead,
+                "resumed_after_s": result.resumed_after_s,
+                "disrupted": result.disrupted,
+            },
+        )
+    return result
+
+
+def _disruption(state: SweepState, now: datetime, cutoff: datetime, grace_from, result: SweepResult) -> bool:
+    """Whether so much of the fleet is silent at once that the silence is more likely ours than theirs."""
+    watched = Node.objects.exclude(status=NodeStatus.DEAD).exclude(last_heartbeat_at=None)
+    total = watched.count()
+    silent_since = max(cutoff, grace_from) if grace_from is not None else cutoff
+    silent = (
+        watched.filter(last_heartbeat_at__lt=silent_since).count()
+        if grace_from is None or grace_from <= cutoff
+        else 0
+    )
+    share = settings.SLOTKEEPER["DISRUPTION_SHARE"]
+    minimum = settings.SLOTKEEPER["DISRUPTION_MIN_NODES"]
+    disrupted = total >= minimum and silent > share * total
+    if disrupted:
+        note = (
+            f"{silent} of {total} nodes went silent at once (more than {share:.0%}): marked offline, none declared "
+            "dead until the disruption ends; check the network and the web processes"
+        )
+        if state.disrupted_since is None:
+            state.disrupted_since = now
+            log.warning("fleet disruption", extra={"silent": silent, "total": total})
+            audit.record(at=now, actor=None, action="fleet.disrupted", target=state, reason=note)
+        state.disruption_note = note[:300]
+        result.disrupted, result.note = True, note
+    elif state.disrupted_since is not None:
+        # Over: whoever is still silent gets a fresh grace from now, as after the sweep's own outage.
+        ended = (
+            f"disruption over after {int((now - state.disrupted_since).total_seconds())} s; "
+            "silence counts again from now"
+        )
+        audit.record(at=now, actor=None, action="fleet.disruption_over", target=state, reason=ended)
+        log.info("fleet disruption over", extra={"since": state.disrupted_since.isoformat()})
+        state.disrupted_since = None
+        state.disruption_note = ""
+        state.grace_from = now
+        result.note = ended
+    return disrupted
+
+
+def _declare_silent_dead(now: datetime, dead_cutoff: datetime, result: SweepResult) -> None:
     gone = Q(last_heartbeat_at__lt=dead_cutoff) | Q(last_heartbeat_at=None, status_changed_at__lt=dead_cutoff)
     candidates = (
         Node.objects.filter(gone)
@@ -367,6 +587,9 @@ def sweep(now: datetime) -> SweepResult:
     )
     for node in candidates.only("id", "name", "status"):
         with transaction.atomic():
+            # The plan lock first (every writer's order), then the node: an approval planning onto this node
+            # either commits before (and its instance is lost with the rest) or plans after and sees it dead.
+            planlock.take()
             locked = Node.objects.select_for_update().filter(pk=node.pk).filter(gone).first()
             if locked is None or locked.status == NodeStatus.DEAD:
                 continue
@@ -381,10 +604,6 @@ def sweep(now: datetime) -> SweepResult:
                 action="node.dead",
             )
             result.dead.append(node.name)
-    result.trimmed_samples = trim_health_history(now)
-    if result.offline or result.dead:
-        log.info("sweep", extra={"offline": result.offline, "dead": result.dead})
-    return result
 
 
 def trim_health_history(now: datetime) -> int:

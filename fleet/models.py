@@ -51,6 +51,13 @@ class Node(models.Model):
     # Seed 001: the host's own use, remembered from a reading taken while it ran nothing.
     idle_baseline_mib = models.PositiveIntegerField(null=True, blank=True)
 
+    # Fencing: a node an operator declared dead stays dead until an admin re-admits it. Its heartbeats are answered
+    # 409 "fenced" (the agent stops its instances and waits), so a machine that still runs cannot come back by
+    # itself and take work. A node the sweep found dead is not fenced: it returns when it heartbeats again.
+    fenced_at = models.DateTimeField(null=True, blank=True)
+    fence_reason = models.CharField(max_length=300, blank=True)
+    last_fenced_heartbeat_at = models.DateTimeField(null=True, blank=True)
+
     token_digest = models.CharField(max_length=64, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
     version = models.PositiveIntegerField(default=1)
@@ -63,6 +70,9 @@ class Node(models.Model):
             models.CheckConstraint(
                 condition=~Q(status="draining") | ~Q(drain_reason=""), name="node_draining_has_reason"
             ),
+            models.CheckConstraint(
+                condition=Q(fenced_at=None) | Q(status="dead"), name="node_fenced_is_dead"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -71,6 +81,29 @@ class Node(models.Model):
     @property
     def status_badge(self) -> str:
         return NodeStatus(self.status).badge
+
+    @property
+    def fenced(self) -> bool:
+        return self.fenced_at is not None
+
+
+class SweepState(models.Model):
+    """The sweep's own memory (one row): when it last ran, and from when silence counts.
+
+    A sweep that did not run for a while (the server was down, or beat was) cannot tell a silent node from its
+    own absence, so every node gets a fresh grace from `grace_from`. When more than a share of the fleet goes
+    silent at once (`disrupted_since`), the cause is most likely on our side or in the network between, so nodes
+    are marked offline but none is declared dead until the disruption ends (Kubernetes' node lifecycle
+    controller does the same for a zone it finds disrupted).
+    """
+
+    last_sweep_at = models.DateTimeField(null=True, blank=True)
+    grace_from = models.DateTimeField(null=True, blank=True)
+    disrupted_since = models.DateTimeField(null=True, blank=True)
+    disruption_note = models.CharField(max_length=300, blank=True)
+
+    def __str__(self) -> str:
+        return f"sweep state (last run {self.last_sweep_at})"
 
 
 class HealthSample(models.Model):

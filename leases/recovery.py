@@ -137,7 +137,10 @@ def present_instances(lease_ids: Iterable[int]) -> dict[int, list[Instance]]:
     """The instances that stand for their vnodes (live, lost or failed), by lease, oldest generation first."""
     out: dict[int, list[Instance]] = {}
     rows = Instance.objects.filter(lease_id__in=list(lease_ids), state__in=[*LIVE, _I.LOST, _I.FAILED])
-    for inst in rows.order_by("generation"):
+    # Locked in id order (the order every writer of instance rows takes), so a heartbeat ingesting reports for
+    # the same rows waits for this change, or this change for it.
+    locked = list(rows.select_for_update().order_by("id"))
+    for inst in sorted(locked, key=lambda i: (i.generation, i.pk)):
         out.setdefault(inst.lease_id, []).append(inst)
     return out
 
@@ -182,8 +185,15 @@ def ingest_reports(node: Node, reports: Sequence[dict], now: datetime) -> None:
     """What the node's agent says it runs: running confirms, an exit or a missed report makes the instance
     unhealthy and asks the restart policy, and an instance the agent no longer has is unloaded when it should be."""
     by_id = {r["id"]: r for r in reports}
+    # Locked, in id order, and read under the lock: a cancel or an approval that changes the same rows either
+    # committed before (and this sees its desired_state) or waits for this heartbeat. Read without the lock, a
+    # cancel that committed meanwhile was overwritten, leaving instances running with desired_state=stopped.
     instances = list(
-        Instance.objects.select_related("lease").filter(node=node, state__in=ON_NODE).exclude(state=_I.LOST)
+        Instance.objects.select_for_update(of=("self",))
+        .select_related("lease")
+        .filter(node=node, state__in=ON_NODE)
+        .exclude(state=_I.LOST)
+        .order_by("id")
     )
     for inst in instances:
         report = by_id.get(inst.iid)
@@ -192,6 +202,12 @@ def ingest_reports(node: Node, reports: Sequence[dict], now: datetime) -> None:
             _keep_report(inst, report)
         if inst.desired_state == "running" and inst.state in LIVE:
             _reconcile_running(inst, status, report, now)
+        elif inst.desired_state == "stopped" and inst.state in (_I.RUNNING, _I.UNHEALTHY, _I.RESTARTING):
+            # Told to stop but still recorded as running (a row left so by an earlier race): stopping, so the agent
+            # is told to stop it and the placer stops counting it once it is gone.
+            step(inst, _I.STOPPING, now, "desired state is stopped")
+            if status in (None, "stopped", "exited", "failed"):
+                _confirm_gone(inst, now)
         elif status in (None, "stopped", "exited", "failed"):
             _confirm_gone(inst, now)
 
@@ -733,6 +749,13 @@ def do_approve(
             .prefetch_related("instance__lease__groups")
             .filter(pk__in=list(ids))
         }
+        # The instances the approvals change, locked in id order like every other writer of instance rows.
+        list(
+            Instance.objects.select_for_update()
+            .filter(pk__in=sorted({p.instance_id for p in proposals.values()}))
+            .order_by("id")
+            .values_list("id", flat=True)
+        )
         lease_ids = {p.lease_id for p in proposals.values()}
         windows = remaining_windows(lease_ids, now)
         batch = _Batch(now=now, actor=actor)

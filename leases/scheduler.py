@@ -12,6 +12,7 @@ replay). Nothing is scheduled before the `now` it is given.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import math
 from bisect import insort
@@ -276,8 +277,16 @@ class Scheduler:
         config: SchedulerConfig,
         *,
         label: Callable[[float], str] = _utc_label,
+        strict: bool = False,
     ) -> None:
         self.table = SlotTable(capacities)
+        # A lease whose records make no sense (a reservation on a node the table does not know, a suspension with
+        # no VM behind it) used to raise out of every pass, so one bad row stopped all scheduling for good. Now
+        # that lease is isolated: failed, its reservations released, listed in `isolated` for the caller to
+        # alert on, and everyone else is scheduled as usual. `strict` re-raises instead (tests of the core).
+        self.strict = strict
+        self.isolated: list[tuple[int, str]] = []
+        self._broken: list[tuple[int, str]] = []
         self.config = config
         self.label = label
         self.leases: dict[int, LeaseRecord] = {}
@@ -390,12 +399,32 @@ class Scheduler:
         return self._events[0][0] if self._events else None
 
     def restore(self, lease: LeaseRecord) -> None:
-        """Load an existing lease (the live service, from its database); its live reservations enter the table."""
+        """Load an existing lease (the live service, from its database); its live reservations enter the table.
+
+        All or nothing: a lease whose live reservations cannot enter the table (a node that is gone, an
+        overcommit) is kept aside as broken, and `isolate_broken(now)` fails it once the caller knows the time."""
         lid = lease.request.id
         self.leases[lid] = lease
-        for r in lease.chain():
+        added: list[ReservationRecord] = []
+        try:
+            for r in lease.chain():
+                unknown = sorted({*r.nodes.values(), *r.sources.values()} - set(self.table.nodes))
+                if unknown:
+                    raise KeyError(
+                        f"reservation {r.rid} names node(s) {unknown} that the slot table does not hold"
+                    )
+                self.table.add(self._table_row(lease, r))
+                added.append(r)
+        except Exception as exc:
+            if self.strict:
+                raise
+            for r in added:
+                self.table.remove(r.rid)
+            self._touch(n for r in added for n in r.nodes.values())
+            self._broken.append((lid, f"{type(exc).__name__}: {exc}"))
+            return
+        for r in added:
             self._next_rid = max(self._next_rid, r.rid + 1)
-            self.table.add(self._table_row(lease, r))
             self._records[r.rid] = r
             self._push_events(r)
             self._touch(r.nodes.values())
@@ -403,6 +432,57 @@ class Scheduler:
             self._enqueue(lease)
         if lease.in_future:
             self._future.add(lid)
+
+    def isolate_broken(self, now: float) -> None:
+        """Fail every lease `restore` could not load (see there), at `now`."""
+        broken, self._broken = self._broken, []
+        for lid, reason in broken:
+            self._isolate(self.leases[lid], now, reason)
+
+    def take_isolated(self) -> list[tuple[int, str]]:
+        isolated, self.isolated = self.isolated, []
+        return isolated
+
+    @property
+    def next_rid(self) -> int:
+        """The id the next reservation will get."""
+        return self._next_rid
+
+    def continue_rids_after(self, floor: int) -> None:
+        """Reservation ids are unique for all time, not just among live rows: never hand out one below `floor`."""
+        self._next_rid = max(self._next_rid, floor)
+
+    def journal_change(self, now: float, r: ReservationRecord) -> None:
+        """Record that a reservation was changed from outside (a vnode moved by a reschedule)."""
+        self._journal(now, r, "reservation_changed")
+
+    def _isolate(self, rec: LeaseRecord, now: float, reason: str) -> None:
+        """Take a lease the scheduler cannot handle out of the plan: its reservations leave the table, it leaves
+        the queue, and it fails (whatever its state: this is a quarantine, not a lifecycle step)."""
+        lid = rec.request.id
+        for r in rec.reservations:
+            if r.status not in (SCHEDULED, ACTIVE):
+                continue
+            if r.rid in self._records:
+                with contextlib.suppress(KeyError):  # half-restored or already gone: nothing to release
+                    self._touch(self.table.remove(r.rid).alloc)
+            self._records.pop(r.rid, None)
+            r.status = CANCELLED
+            self._journal(now, r, "reservation_cancelled")
+        self._drop_from_queue(lid)
+        self._future.discard(lid)
+        rec.in_future = False
+        before = rec.state
+        rec.state = _S.FAILED
+        rec.end = now
+        rec.history.append((now, str(before), str(_S.FAILED)))
+        self._changes.append(Change(now, lid, "lease_state", state=_S.FAILED))
+        self.isolated.append((lid, reason))
+
+    def _contain(self, rec: LeaseRecord, now: float, exc: Exception) -> None:
+        if self.strict:
+            raise exc
+        self._isolate(rec, now, f"{type(exc).__name__}: {exc}")
 
     def take_changes(self) -> list[Change]:
         changes, self._changes = self._changes, []
@@ -513,12 +593,15 @@ class Scheduler:
                 stopped = True
                 continue
             rec = self.leases[entry[2]]
-            plan = self._plan_asap(rec, now, allow_future=future)
-            if plan is None:
-                waiting.append(entry)
-                stopped = self.config.backfilling == "off"
-                continue
-            self._commit(rec, plan, now)
+            try:
+                plan = self._plan_asap(rec, now, allow_future=future)
+                if plan is None:
+                    waiting.append(entry)
+                    stopped = self.config.backfilling == "off"
+                    continue
+                self._commit(rec, plan, now)
+            except Exception as exc:
+                self._contain(rec, now, exc)
         self._queue = waiting
 
     def _cpu_full(self, now: float) -> bool:
@@ -1137,12 +1220,15 @@ class Scheduler:
             t, phase, _, rid = event
             r = self._records[rid]
             rec = self.leases[r.lease_id]
-            if phase == 0:
-                self._end_early(rec, r, t)
-            elif phase == 1:
-                self._on_end(rec, r, t)
-            else:
-                self._on_start(rec, r, t)
+            try:
+                if phase == 0:
+                    self._end_early(rec, r, t)
+                elif phase == 1:
+                    self._on_end(rec, r, t)
+                else:
+                    self._on_start(rec, r, t)
+            except Exception as exc:
+                self._contain(rec, t, exc)
 
     def _on_start(self, rec: LeaseRecord, r: ReservationRecord, t: float) -> None:
         r.status = ACTIVE
@@ -1176,10 +1262,22 @@ class Scheduler:
         elif r.kind == RESUME and not left:
             self._set_state(rec, _S.RESUMED_READY, t)
         elif r.kind == SUSPEND and not left:
-            rec.images = dict(next(x for x in reversed(rec.reservations) if x.kind == VM).nodes)
+            rec.images = self._suspended_images(rec, r)
             self._set_state(rec, _S.SUSPENDED_PENDING, t)
             self._set_state(rec, _S.SUSPENDED_QUEUED, t)
             self._enqueue(rec)
+
+    def _suspended_images(self, rec: LeaseRecord, r: ReservationRecord) -> dict[int, int]:
+        """Where the memory images of a lease just suspended are: on the nodes of its last VM. A lease loaded from
+        the database without that VM still has its suspensions, whose vnodes -> nodes are the same mapping."""
+        vm = next((x for x in reversed(rec.reservations) if x.kind == VM), None)
+        if vm is not None:
+            return dict(vm.nodes)
+        images: dict[int, int] = {}
+        for x in rec.reservations:
+            if x.kind == SUSPEND and x.end == r.end:
+                images.update(x.nodes)
+        return images
 
     def _finish(self, rec: LeaseRecord, t: float) -> None:
         self._set_state(rec, _S.DONE, t)
@@ -1206,13 +1304,16 @@ class Scheduler:
             self._future.discard(lid)
             rec.in_future = False
             suspended = rec.state == _S.SUSPENDED_SCHEDULED
-            self._set_state(rec, _S.SUSPENDED_PENDING if suspended else _S.PENDING, now)
-            plan = self._plan_asap(rec, now, allow_future=self._can_schedule_in_future())
-            if plan is not None:
-                self._commit(rec, plan, now)
-            else:
-                self._set_state(rec, _S.SUSPENDED_QUEUED if suspended else _S.QUEUED, now)
-                self._enqueue(rec)
+            try:
+                self._set_state(rec, _S.SUSPENDED_PENDING if suspended else _S.PENDING, now)
+                plan = self._plan_asap(rec, now, allow_future=self._can_schedule_in_future())
+                if plan is not None:
+                    self._commit(rec, plan, now)
+                else:
+                    self._set_state(rec, _S.SUSPENDED_QUEUED if suspended else _S.QUEUED, now)
+                    self._enqueue(rec)
+            except Exception as exc:
+                self._contain(rec, now, exc)
 
 
 # -- helpers ---------------------------------------------------------------------------------------------

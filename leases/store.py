@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import OperationalError, transaction
 
 from fleet import capacity
 from fleet.placement import states_from_rows
@@ -35,12 +35,10 @@ from leases.models import (
 )
 from leases.scheduler import Change, LeaseRecord, LeaseRequest, ReservationRecord, Scheduler, SchedulerConfig
 from leases.slottable import Overcommit, Res
+from slotkeeper import planlock
 from slotkeeper.bulk import update_many
 
 log = logging.getLogger(__name__)
-
-# An arbitrary constant: the advisory lock id every plan applier takes on PostgreSQL.
-PLAN_LOCK_ID = 0x5107_4EE9
 
 
 def to_epoch(dt: datetime) -> float:
@@ -123,20 +121,20 @@ def fleet_fingerprint(nodes: list[capacity.NodeState]) -> tuple:
 
 
 def load(nodes: list[capacity.NodeState], next_rid: int) -> Scheduler:
-    """A fresh Scheduler holding every live lease and its live reservations."""
+    """A fresh Scheduler holding every lease that is not over, with every reservation it ever had.
+
+    Not only the live reservations: a lease in the middle of a suspension needs its finished VM reservation to
+    know where its memory images are, and loading only live rows lost it (and then every tick failed)."""
     sched = Scheduler({n.id: node_capacity(n) for n in nodes}, scheduler_config())
     live = Lease.objects.exclude(state__in=[s.value for s in TERMINAL_LEASE_STATES]).order_by(
         "submitted_at", "id"
     )
     by_lease: dict[int, list[Reservation]] = {}
-    for r in Reservation.objects.filter(lease__in=live, status__in=LIVE_RESERVATION_STATUSES).order_by(
-        "start", "rid"
-    ):
+    for r in Reservation.objects.filter(lease__in=live).order_by("start", "rid"):
         by_lease.setdefault(r.lease_id, []).append(r)
     for lease in live:
         sched.restore(record_of(lease, by_lease.get(lease.pk, [])))
-    # Reservation ids are unique for all time, not just among live rows: continue after the highest ever used.
-    sched._next_rid = max(sched._next_rid, next_rid)
+    sched.continue_rids_after(next_rid)
     return sched
 
 
@@ -163,17 +161,30 @@ class Planning:
         return to_epoch(self.now)
 
 
-def _lock() -> None:
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [PLAN_LOCK_ID])
+@contextmanager
+def planning(now: datetime) -> Iterator[Planning]:
+    """Lock, load (or reuse) the scheduler, let the caller plan, write the journal back; all in one transaction.
+
+    The wait for the lock is bounded (PlanBusy, answered 503). A lease the scheduler cannot make sense of is
+    isolated (failed, with an alert) rather than failing the whole pass, so one bad row never stops scheduling.
+    """
+    try:
+        with _planning(now) as plan:
+            yield plan
+    except StopIteration as exc:
+        # A StopIteration escaping a view never becomes a 500: asyncio refuses to put it in a Future, and the
+        # request hangs until the client gives up. Whatever raised it, it is a server error, so say so.
+        raise RuntimeError(f"planning failed: StopIteration {exc}") from exc
+    except OperationalError as exc:
+        if planlock.is_busy_error(exc):
+            raise planlock.PlanBusy("the scheduler is busy: the database stayed locked; try again") from None
+        raise
 
 
 @contextmanager
-def planning(now: datetime) -> Iterator[Planning]:
-    """Lock, load (or reuse) the scheduler, let the caller plan, write the journal back; all in one transaction."""
+def _planning(now: datetime) -> Iterator[Planning]:
     with transaction.atomic():
-        _lock()
+        planlock.take()
         state, _ = SchedulerState.objects.select_for_update().get_or_create(pk=1)
         nodes = states_from_rows(now)
         fingerprint = fleet_fingerprint(nodes)
@@ -184,11 +195,13 @@ def planning(now: datetime) -> Iterator[Planning]:
         else:
             sched = load(nodes, state.next_rid)
         plan = Planning(scheduler=sched, now=now, excluded=excluded_nodes(nodes), nodes=nodes)
+        sched.isolate_broken(plan.t)
         yield plan
         changes = sched.take_changes()
         touched = apply(sched, changes)
+        _record_isolated(sched.take_isolated(), now)
         state.version += 1
-        state.next_rid = sched._next_rid
+        state.next_rid = sched.next_rid
         state.save(update_fields=["version", "next_rid"])
         version = state.version
 
@@ -200,6 +213,27 @@ def planning(now: datetime) -> Iterator[Planning]:
             from slotkeeper import events
 
             events.send_on_commit("slots-changed", leases=sorted(touched)[:50])
+
+
+def _record_isolated(isolated: list[tuple[int, str]], now: datetime) -> None:
+    """Says why each isolated lease failed: on the lease, in the audit feed, as an alert, in the log."""
+    if not isolated:
+        return
+    from leases.recovery import raise_alert
+    from slotkeeper import audit, metrics
+
+    for lease_id, reason in isolated:
+        lease = Lease.objects.filter(pk=lease_id).first()
+        if lease is None:
+            continue
+        lease.message = f"isolated by the scheduler, which could not plan it: {reason}"[:2000]
+        lease.save(update_fields=["message"])
+        audit.record(at=now, actor=None, action="lease.isolate", target=lease, reason=reason[:500])
+        raise_alert(
+            "lease_isolated", f"lease {lease_id} {lease.name} was isolated: {reason}"[:2000], now, lease=lease
+        )
+        metrics.inc("slotkeeper_leases_isolated_total")
+        log.error("lease isolated", extra={"lease": lease_id, "reason": reason})
 
 
 def apply(sched: Scheduler, changes: list[Change]) -> set[int]:
@@ -289,7 +323,7 @@ def _write_reservations(sched: Scheduler, latest: dict[int, ReservationRecord]) 
     for row in changed:
         rows = allocations.get(row.pk, [])
         live = row.status in LIVE_RESERVATION_STATUSES
-        if {a.node_id for a in rows} != set(latest[row.rid].nodes.values()):
+        if live and {a.node_id for a in rows} != set(latest[row.rid].nodes.values()):
             # A vnode moved (a reschedule): the per-node rows follow it.
             moved_rows.append(row.pk)
             fresh.extend(_allocations(sched, latest[row.rid], row))
@@ -348,7 +382,7 @@ def move_vnode(plan: Planning, lease_id: int, vnode: int, old_node: int, new_nod
             return False
         moved.append((r, before))
     for r, _ in moved:
-        sched._journal(plan.t, r, "reservation_changed")
+        sched.journal_change(plan.t, r)
     return bool(moved)
 
 

@@ -191,6 +191,15 @@ SLOTKEEPER = {
     # At most one history sample per node this often: the latest report is always on the node row, and a chart
     # of the last hour needs no more (at 10,000 nodes every 5 s, one row per heartbeat was 7.2 million an hour).
     "HEALTH_SAMPLE_EVERY_S": float(os.environ.get("SLOTKEEPER_HEALTH_SAMPLE_EVERY_S", "15")),
+    # A sweep that finds its previous run older than this was away (the server or beat was down): every node gets
+    # a fresh grace from then, instead of being found dead for the sweep's own absence.
+    "SWEEP_OUTAGE_GAP_S": float(os.environ.get("SLOTKEEPER_SWEEP_OUTAGE_GAP_S", "15")),
+    # When more than this share of the fleet (of at least DISRUPTION_MIN_NODES) is silent at once, nodes are
+    # marked offline but none is declared dead until the disruption ends (Kubernetes uses 0.55 for a zone).
+    "DISRUPTION_SHARE": float(os.environ.get("SLOTKEEPER_DISRUPTION_SHARE", "0.55")),
+    "DISRUPTION_MIN_NODES": int(os.environ.get("SLOTKEEPER_DISRUPTION_MIN_NODES", "3")),
+    # The longest any request waits for the plan lock before it is answered 503 with Retry-After.
+    "PLAN_LOCK_TIMEOUT_S": float(os.environ.get("SLOTKEEPER_PLAN_LOCK_TIMEOUT_S", "10")),
 }
 
 REST_FRAMEWORK = {

@@ -20,7 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from fleet.agent.assignments import DEFAULT_STOP_GRACE_S, Assignment, AssignmentBatch, anti_affinity_refusal
-from fleet.agent.client import Backoff, NodeRefused, RequestRejected, ServerClient, ServerUnavailable
+from fleet.agent.client import (
+    Backoff,
+    NodeFenced,
+    NodeRefused,
+    RequestRejected,
+    ServerClient,
+    ServerUnavailable,
+)
 from fleet.agent.drivers import Driver, Handle, Observation, log_path, read_tail
 from fleet.agent.health import Health
 from fleet.agent.state import StartRecord, StateStore
@@ -138,6 +145,13 @@ class Agent:
         except NodeRefused as exc:
             self._log(logging.ERROR, "node-refused", error=str(exc))
             return None
+        except NodeFenced as exc:
+            # Declared dead: whatever runs here may already run elsewhere, so nothing may go on running.
+            if self.server_status != "fenced":
+                self._log(logging.ERROR, "node-fenced", error=str(exc))
+            self.server_status = "fenced"
+            self.fence(now)
+            return interval
         except ServerUnavailable as exc:
             delay = backoff.next_delay()
             self._log(logging.WARNING, "server-unavailable", error=str(exc), retry_in_s=round(delay, 2))
@@ -180,6 +194,12 @@ class Agent:
         if reply.status != self.server_status:
             self._log(logging.INFO, "node-status", status=reply.status)
         self.server_status = reply.status
+
+    def fence(self, now: float) -> None:
+        """Stops every instance this agent runs (the server has fenced the node); starts nothing."""
+        for entry in self.entries.values():
+            if entry.live:
+                self._stop(entry, now, "node fenced: declared dead by an operator")
 
     def reconcile(self, batch: AssignmentBatch, now: float) -> None:
         self._last_batch = batch

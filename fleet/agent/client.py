@@ -48,6 +48,11 @@ class RequestRejected(Exception):
     """400: the server named what it did not like in this one request."""
 
 
+class NodeFenced(Exception):
+    """409 with `"code": "fenced"`: an operator declared this node dead. Its work was (or will be) moved, so the
+    agent stops every instance and keeps asking, without starting anything, until an admin re-admits the node."""
+
+
 @dataclass(frozen=True)
 class HeartbeatReply:
     status: str
@@ -145,6 +150,10 @@ def call(
         raise NodeRefused(refusal)
     if response.status_code == 400:
         raise RequestRejected(f"{method} {url} rejected: {_json_or_none(response)}")
+    if response.status_code == 409:
+        body = _json_or_none(response)
+        if isinstance(body, dict) and body.get("code") == "fenced":
+            raise NodeFenced(str(body.get("detail") or "this node is fenced"))
     if not 200 <= response.status_code < 300:
         raise ServerUnavailable(f"{method} {url}: HTTP {response.status_code}")
     body = _json_or_none(response)

@@ -14,6 +14,7 @@ class NodeSerializer(serializers.ModelSerializer):
     drained_by = serializers.SerializerMethodField()
     health_age_s = serializers.SerializerMethodField()
     observed = serializers.SerializerMethodField()
+    fenced = serializers.BooleanField(read_only=True)
 
     class Meta:
         model = Node
@@ -36,6 +37,10 @@ class NodeSerializer(serializers.ModelSerializer):
             "health_age_s",
             "observed",
             "idle_baseline_mib",
+            "fenced",
+            "fenced_at",
+            "fence_reason",
+            "last_fenced_heartbeat_at",
             "version",
         ]
         read_only_fields = fields

@@ -35,7 +35,7 @@ class NodeViewSet(
             return [IsNodeAgent()]
         if self.action in {"create", "drain", "undrain"}:
             return [IsOperator()]
-        if self.action in {"partial_update", "update", "destroy", "declare_dead", "rotate_token"}:
+        if self.action in {"partial_update", "update", "destroy", "declare_dead", "readmit", "rotate_token"}:
             return [IsAdmin()]
         return [IsViewer()]
 
@@ -77,7 +77,14 @@ class NodeViewSet(
 
     @extend_schema(
         request=s.HeartbeatSerializer,
-        responses={200: s.HeartbeatAckSerializer, 403: OpenApiResponse(description="another node's token")},
+        responses={
+            200: s.HeartbeatAckSerializer,
+            403: OpenApiResponse(description="another node's token"),
+            409: OpenApiResponse(
+                description='the node was declared dead and is fenced (`"code": "fenced"`): stop every instance '
+                "and wait until an admin re-admits it"
+            ),
+        },
     )
     @action(detail=True, methods=["post"])
     def heartbeat(self, request, pk=None):
@@ -91,6 +98,9 @@ class NodeViewSet(
     @action(detail=True, methods=["get"])
     def assignments(self, request, pk=None):
         node = self._own_node(request, pk)
+        if node.fenced_at is not None:
+            # A fenced node is told so on every call, and given nothing to run.
+            actions.refuse_fenced(node, timezone.now())
         from fleet.assignments import assignments_for
 
         return Response(assignments_for(node, now=timezone.now()))
@@ -121,6 +131,17 @@ class NodeViewSet(
     def declare_dead(self, request, pk=None):
         reason = validated(s.ReasonSerializer, request.data)["reason"]
         node = actions.do_declare_dead(request.user, self._pk(pk), reason=reason, now=timezone.now())
+        return Response(s.NodeSerializer(node).data)
+
+    @extend_schema(
+        request=s.ReasonSerializer,
+        responses={200: s.NodeSerializer, 409: OpenApiResponse(description="the node is not fenced")},
+    )
+    @action(detail=True, methods=["post"])
+    def readmit(self, request, pk=None):
+        """Takes back a node that was declared dead (fenced): it is offline until its next heartbeat."""
+        reason = validated(s.ReasonSerializer, request.data)["reason"]
+        node = actions.do_readmit(request.user, self._pk(pk), reason=reason, now=timezone.now())
         return Response(s.NodeSerializer(node).data)
 
     @extend_schema(request=None, responses={200: s.NodeCreatedSerializer})

@@ -126,7 +126,11 @@ def test_a_dead_node_loses_its_instances_and_an_approved_reschedule_moves_them(f
     vm_res = lease.reservations.get(kind="vm")
     assert list(vm_res.nodes.values()) == [new.node_id]
     assert set(vm_res.allocations.values_list("node_id", flat=True)) == {new.node_id}
-    # The dead node comes back; its agent no longer runs the old instance, which is then unloaded.
+    # Declared dead, the node is fenced: its heartbeats are refused until an admin re-admits it. Then it comes
+    # back; its agent no longer runs the old instance, which is then unloaded.
+    with pytest.raises(fleet_actions.Fenced):
+        healthy(dead, now + timedelta(seconds=20), [])
+    fleet_actions.do_readmit(None, dead.pk, reason="PSU replaced", now=now + timedelta(seconds=25))
     healthy(dead, now + timedelta(seconds=30), [])
     inst.refresh_from_db()
     assert inst.state == "unloaded"
