@@ -495,10 +495,10 @@ def sweep(now: datetime) -> SweepResult:
         state, away = _sweep_state(now)
         if away is not None or state.last_sweep_at is None:
             result.resumed_after_s = away
-        grace_from = state.grace_from
         offline_cutoff = now - timedelta(seconds=offline_after)
         dead_cutoff = now - timedelta(seconds=_dead_after())
-        disrupted = _disruption(state, now, offline_cutoff, grace_from, result)
+        disrupted = _disruption(state, now, offline_cutoff, state.grace_from, result)
+        grace_from = state.grace_from  # after _disruption, which starts a fresh grace when a disruption ends
         state.last_sweep_at = now
         state.save(update_fields=["last_sweep_at", "grace_from", "disrupted_since", "disruption_note"])
     if grace_from is not None and grace_from > offline_cutoff:

@@ -12,7 +12,7 @@ from django.utils import timezone
 from fleet.models import PlacementReport
 from leases import store
 from leases.lifecycle import IllegalTransition
-from leases.models import Group, Lease, SchedulerState
+from leases.models import Alert, Group, Lease, SchedulerState
 from leases.scheduler import Decision
 from slotkeeper import audit, events, metrics
 from slotkeeper.audit import actor_label
@@ -186,8 +186,26 @@ def do_cancel_lease(actor, lease_id: int, *, now: datetime, reason: str = "") ->
 
 
 def tick(now: datetime) -> None:
-    """Starts and ends due reservations, processes the queue and re-evaluates (the periodic work)."""
+    """Starts and ends due reservations, processes the queue and re-evaluates (the periodic work).
+
+    A tick that fails is recorded (SchedulerState, an alert on the first failure, /readyz, /metrics) and raised
+    again for the caller's log; the next one that passes clears the record and resolves the alert."""
     started = timezone.now()
+    try:
+        _tick(now)
+    except Exception as exc:
+        _tick_failed(now, exc)
+        raise
+    took = (timezone.now() - started).total_seconds()
+    failed_before = SchedulerState.objects.filter(pk=1, tick_failures__gt=0).exists()
+    SchedulerState.objects.filter(pk=1).update(last_tick_at=now, last_tick_s=took, tick_failures=0)
+    if failed_before:
+        _resolve_alerts("tick_failed", now, "the tick passed again")
+    _fleet_disruption_alert(now)
+    metrics.inc("slotkeeper_ticks_total")
+
+
+def _tick(now: datetime) -> None:
     with store.planning(now) as plan:
         plan.scheduler.advance(plan.t, plan.excluded)
         for lease_id, reason in plan.scheduler.replaced:
@@ -199,9 +217,58 @@ def tick(now: datetime) -> None:
 
     supervise(now)
     drive_drains(now)
-    took = (timezone.now() - started).total_seconds()
-    SchedulerState.objects.filter(pk=1).update(last_tick_at=now, last_tick_s=took)
-    metrics.inc("slotkeeper_ticks_total")
+
+
+def _tick_failed(now: datetime, exc: Exception) -> None:
+    from django.db import transaction
+    from django.db.models import F
+
+    from leases.recovery import raise_alert
+
+    metrics.inc("slotkeeper_tick_failures_total")
+    error = f"{type(exc).__name__}: {exc}"[:2000]
+    try:
+        with transaction.atomic():
+            SchedulerState.objects.get_or_create(pk=1)
+            SchedulerState.objects.filter(pk=1).update(
+                tick_failures=F("tick_failures") + 1, tick_failed_at=now, tick_error=error
+            )
+            if not Alert.objects.filter(kind="tick_failed", resolved_at=None).exists():
+                raise_alert("tick_failed", f"the scheduler's tick failed: {error}", now)
+    except Exception:
+        # The database itself may be what failed; the log still says so.
+        log.exception("could not record the failed tick")
+
+
+def _resolve_alerts(kind: str, now: datetime, why: str) -> None:
+    from slotkeeper import events
+
+    for alert in Alert.objects.filter(kind=kind, resolved_at=None):
+        alert.resolved_at = now
+        alert.save(update_fields=["resolved_at"])
+        audit.record(at=now, actor=None, action="alert.resolve", target=alert, reason=why)
+        events.send_on_commit("alert-raised", alert=alert.pk)
+
+
+def _fleet_disruption_alert(now: datetime) -> None:
+    """An open alert while the sweep finds the fleet disrupted (and declares no node dead), resolved after."""
+    from fleet.models import SweepState
+    from leases.recovery import raise_alert
+
+    state = SweepState.objects.filter(pk=1).first()
+    open_alert = Alert.objects.filter(kind="fleet_disrupted", resolved_at=None).exists()
+    if state is not None and state.disrupted_since is not None and not open_alert:
+        raise_alert("fleet_disrupted", state.disruption_note or "much of the fleet went silent at once", now)
+    elif (state is None or state.disrupted_since is None) and open_alert:
+        _resolve_alerts("fleet_disrupted", now, "the fleet is heard from again")
+
+
+def scheduler_health() -> str:
+    """For /readyz: "ok", or how the tick is failing (counts and times only, no reasons: probes are public)."""
+    state = SchedulerState.objects.filter(pk=1).first()
+    if state is None or not state.tick_failures:
+        return "ok"
+    return f"tick failing: {state.tick_failures} in a row, last at {state.tick_failed_at:%Y-%m-%dT%H:%M:%SZ}"
 
 
 def claims(now: datetime, node_ids) -> dict[int, tuple[tuple, tuple]]:

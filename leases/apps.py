@@ -9,7 +9,7 @@ class LeasesConfig(AppConfig):
         from fleet.placement import register_claim_provider
         from fleet.signals import instances_reported, node_draining, nodes_died
         from leases import actions, recovery
-        from slotkeeper import metrics, periodic
+        from slotkeeper import metrics, ops, periodic
 
         register_claim_provider(actions.claims)
         register_assignment_provider(recovery.assignments)
@@ -18,6 +18,7 @@ class LeasesConfig(AppConfig):
         node_draining.connect(_on_draining, dispatch_uid="leases.node_draining")
         periodic.register("leases.tick", actions.tick)
         metrics.register_gauges(lease_gauges)
+        ops.register_check("scheduler", actions.scheduler_health)
 
 
 def _on_nodes_died(sender, node_ids, now, reason="", **kwargs):
@@ -64,4 +65,6 @@ def lease_gauges():
             ("slotkeeper_last_tick_age_seconds", {}, (timezone.now() - state.last_tick_at).total_seconds())
         )
         rows.append(("slotkeeper_last_tick_duration_seconds", {}, state.last_tick_s))
+    if state is not None:
+        rows.append(("slotkeeper_tick_failures_in_a_row", {}, state.tick_failures))
     return rows

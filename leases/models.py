@@ -162,6 +162,11 @@ class SchedulerState(models.Model):
     # or a tick that has grown slow shows on every web process, not only in the worker that ran it.
     last_tick_at = models.DateTimeField(null=True, blank=True)
     last_tick_s = models.FloatField(default=0)
+    # Ticks that failed in a row (0 once one passes), when the last one failed and why: /readyz and /metrics show
+    # them, and the first failure raises an alert, so a scheduler that stopped scheduling is seen at once.
+    tick_failures = models.PositiveIntegerField(default=0)
+    tick_failed_at = models.DateTimeField(null=True, blank=True)
+    tick_error = models.TextField(blank=True)
 
     def __str__(self) -> str:
         return f"scheduler state v{self.version}"

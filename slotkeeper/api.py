@@ -24,6 +24,12 @@ class Conflict(exceptions.APIException):
         self.extra = extra or {}
 
 
+class Busy(exceptions.APIException):
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_detail = "The scheduler is busy; try again shortly."
+    default_code = "busy"
+
+
 class PreconditionFailed(exceptions.APIException):
     status_code = status.HTTP_412_PRECONDITION_FAILED
     default_detail = "The object changed since you last read it."
@@ -32,8 +38,14 @@ class PreconditionFailed(exceptions.APIException):
 
 def exception_handler(exc, context):
     from slotkeeper.domain import DomainError, NotFound, StaleVersion
+    from slotkeeper.planlock import PlanBusy, is_busy_error
 
-    if isinstance(exc, NotFound):
+    retry_after = None
+    if isinstance(exc, PlanBusy) or is_busy_error(exc):
+        # A bounded wait that ran out: the request changed nothing and may be sent again.
+        retry_after = PlanBusy.retry_after_s
+        exc = Busy(str(exc) if isinstance(exc, PlanBusy) else None)
+    elif isinstance(exc, NotFound):
         exc = exceptions.NotFound(str(exc))
     elif isinstance(exc, StaleVersion):
         exc = PreconditionFailed(str(exc))
@@ -44,6 +56,8 @@ def exception_handler(exc, context):
     elif isinstance(exc, Http404):
         exc = exceptions.NotFound()
     response = drf_exception_handler(exc, context)
+    if response is not None and retry_after is not None:
+        response["Retry-After"] = str(retry_after)
     if response is not None and isinstance(exc, Conflict) and exc.extra:
         response.data = {"detail": response.data["detail"], **exc.extra}
     return response

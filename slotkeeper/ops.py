@@ -27,6 +27,37 @@ class ProbeMiddleware:
         return self.get_response(request)
 
 
+class BusyMiddleware:
+    """A console page whose action could not have the plan lock in time answers 503 with Retry-After (the API does
+    the same in its exception handler) instead of a 500: the request changed nothing and may be sent again."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        return self.get_response(request)
+
+    def process_exception(self, request, exception):
+        from slotkeeper.planlock import PlanBusy, is_busy_error
+
+        if isinstance(exception, PlanBusy) or is_busy_error(exception):
+            response = HttpResponse(
+                "The scheduler is busy; try again in a moment.", status=503, content_type="text/plain"
+            )
+            response["Retry-After"] = str(PlanBusy.retry_after_s)
+            return response
+        return None
+
+
+# Readiness reports from the apps (name -> a function returning "ok" or a short text), registered at start-up.
+_checks: dict[str, object] = {}
+
+
+def register_check(name: str, check) -> None:
+    """A check /readyz reports without gating on it (the apps' own health, such as the scheduler's last tick)."""
+    _checks[name] = check
+
+
 @require_GET
 def healthz(request):
     return HttpResponse("ok", content_type="text/plain")
@@ -52,9 +83,17 @@ def readyz(request):
             checks["redis"] = "ok"
         except Exception as exc:
             checks["redis"] = f"error: {type(exc).__name__}"
+    reported = set()
+    for name, check in _checks.items():
+        try:
+            checks[name] = check()  # type: ignore[operator]
+        except Exception as exc:
+            checks[name] = f"error: {type(exc).__name__}"
+        reported.add(name)
     # Redis is reported but does not make the process unready: without it scheduling goes on (the database is the
     # record) and consoles fall back to polling, so taking every web pod out of rotation would be the bigger outage.
-    ready = all(v == "ok" for k, v in checks.items() if k != "redis")
+    # The same holds for a failing tick: this web process is fine, and the alert and /metrics say what is not.
+    ready = all(v == "ok" for k, v in checks.items() if k != "redis" and k not in reported)
     return JsonResponse({"ready": ready, "checks": checks}, status=200 if ready else 503)
 
 

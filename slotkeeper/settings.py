@@ -78,6 +78,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "slotkeeper.ops.BusyMiddleware",
 ]
 
 ROOT_URLCONF = "slotkeeper.urls"

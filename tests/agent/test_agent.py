@@ -35,12 +35,15 @@ class FakeServer:
         self.heartbeats = []
         self.status_code = 200
         self.down = False
+        self.fenced = False
 
     def request(self, method, url, *, headers, json, timeout):
         if self.down:
             raise requests.ConnectionError("connection refused")
         if self.status_code != 200:
             return Answer(self.status_code, {"detail": "Invalid token."})
+        if self.fenced:
+            return Answer(409, {"detail": "node 5 was declared dead (PSU) and is fenced", "code": "fenced"})
         if url.endswith(f"/api/nodes/{NODE}/assignments"):
             return Answer(200, {"node": NODE, "instances": self.instances})
         if url.endswith(f"/api/nodes/{NODE}/heartbeat"):
@@ -354,3 +357,29 @@ def test_while_the_server_is_away_the_agent_backs_off_and_its_instances_keep_run
     server.down = False
     assert agent._sync_or_delay(clock.now, 5.0, backoff) == 5.0
     assert backoff.failures == 0
+
+
+def test_a_fenced_node_stops_every_instance_starts_none_and_keeps_asking(tmp_path):
+    # An operator declared the node dead while its agent still ran: its work is moved elsewhere, so nothing here
+    # may go on running (no instance runs twice), and the agent waits to be re-admitted instead of exiting.
+    server = FakeServer(sim(), sim("8-1-0"))
+    clock = Clock()
+    driver = CountingSim()
+    agent = make_agent(tmp_path, server, driver=driver, clock=clock)
+    agent.step()
+    assert len(driver.starts) == 2
+    server.fenced = True
+    backoff = Backoff(base_s=1.0, cap_s=8.0, rng=lambda: 1.0)
+    assert agent._sync_or_delay(clock.now, 5.0, backoff) == 5.0
+    assert all(e.stop_reason and "fenced" in e.stop_reason for e in agent.entries.values())
+    assert agent.server_status == "fenced"
+    for _ in range(3):
+        clock.now += 5
+        agent.poll_local(clock.now)
+        assert agent._sync_or_delay(clock.now, 5.0, backoff) == 5.0
+    assert len(driver.starts) == 2, "a fenced agent starts nothing"
+    server.fenced = False
+    server.instances = [sim("9-1-0")]
+    clock.now += 5
+    assert agent._sync_or_delay(clock.now, 5.0, backoff) == 5.0
+    assert driver.starts[-1] == ("9-1-0", 0)

@@ -140,3 +140,11 @@ def test_a_success_resets_the_backoff():
         backoff.next_delay()
     backoff.reset()
     assert backoff.next_delay() == 1.0
+
+
+def test_a_fenced_answer_is_its_own_error_not_a_rejected_request():
+    from fleet.agent.client import NodeFenced
+
+    c, _ = client(Answer(409, {"detail": "node 5 was declared dead (PSU)", "code": "fenced"}))
+    with pytest.raises(NodeFenced, match="PSU"):
+        c.heartbeat({"mem_total_mib": 1})

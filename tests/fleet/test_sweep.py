@@ -139,3 +139,73 @@ def test_an_undrain_clears_the_drain_deadline(tank, t0):
     actions.do_undrain(None, tank.pk, reason="done", now=t0)
     node = Node.objects.get(pk=tank.pk)
     assert (node.status, node.drain_reason, node.drain_deadline) == ("online", "", None)
+
+
+def test_after_its_own_60_s_outage_the_sweep_gives_every_node_a_fresh_grace(tank, t0):
+    # The server (and its sweep) was down for 60 s: the nodes kept heartbeating into the void. When it comes back
+    # it must not find them silent for its own absence and declare them dead; they get a fresh grace from then.
+    sweeps(t0, 0, 10)
+    back = 70.0
+    result = actions.sweep(t0 + timedelta(seconds=back))
+    assert result.resumed_after_s == pytest.approx(60.0)
+    assert (result.offline, result.dead) == ([], [])
+    assert status(tank) == "online"
+    # If the node really is silent it goes offline 20 s after the grace began, and dead after the usual grace.
+    assert sweeps(t0, back + 5, back + 15).offline == []
+    assert sweeps(t0, back + 20, back + 20).offline == ["tank"]
+    assert sweeps(t0, back + 25, back + 75).dead == []
+    assert sweeps(t0, back + 80, back + 85).dead == ["tank"]
+
+
+def test_a_node_that_heartbeats_within_the_fresh_grace_is_never_marked_offline(tank, t0):
+    sweeps(t0, 0, 10)
+    actions.sweep(t0 + timedelta(seconds=200))
+    actions.do_heartbeat(Node.objects.get(pk=tank.pk), report(), now=t0 + timedelta(seconds=205))
+    assert sweeps(t0, 205, 220).offline == []
+    assert status(tank) == "online"
+
+
+@pytest.fixture
+def fleet_of_five(register_node, t0):
+    nodes = []
+    for name in ("a", "b", "c", "d", "e"):
+        node, _ = register_node(name, now=t0)
+        nodes.append(actions.do_heartbeat(node, report(), now=t0))
+    return nodes
+
+
+def test_when_most_of_the_fleet_goes_silent_at_once_nodes_go_offline_but_none_is_declared_dead(
+    fleet_of_five, t0
+):
+    # The web processes stopped receiving heartbeats (a network split, a load balancer gone) while the sweep ran
+    # on: all five nodes are silent. Marking them offline stops new work landing there; declaring them dead would
+    # lose every instance and propose 5 reschedules for a fault that is ours.
+    result = sweeps(t0, 0, 200)
+    assert sorted(result.offline) == ["a", "b", "c", "d", "e"]
+    assert result.dead == []
+    last = actions.sweep(t0 + timedelta(seconds=205))
+    assert last.disrupted and "5 of 5 nodes" in last.note
+    assert AuditEntry.objects.filter(action="fleet.disrupted").count() == 1
+    # The heartbeats come back for four of them; the fifth really is gone. It gets a fresh grace from the end of
+    # the disruption, then is declared dead as usual.
+    for node in fleet_of_five[:4]:
+        actions.do_heartbeat(Node.objects.get(pk=node.pk), report(), now=t0 + timedelta(seconds=206))
+    for at in range(210, 400, 5):
+        for node in fleet_of_five[:4]:
+            actions.do_heartbeat(Node.objects.get(pk=node.pk), report(), now=t0 + timedelta(seconds=at))
+        result = actions.sweep(t0 + timedelta(seconds=at))
+        assert not result.disrupted
+        if result.dead:
+            break
+    assert result.dead == ["e"]
+    assert at >= 210 + 80  # not before a full grace from the end of the disruption
+    assert AuditEntry.objects.filter(action="fleet.disruption_over").count() == 1
+
+
+def test_one_silent_node_among_five_is_an_ordinary_death(fleet_of_five, t0):
+    for at in range(0, 120, 5):
+        for node in fleet_of_five[:4]:
+            actions.do_heartbeat(Node.objects.get(pk=node.pk), report(), now=t0 + timedelta(seconds=at))
+        result = actions.sweep(t0 + timedelta(seconds=at))
+        assert not result.disrupted
+    assert status(fleet_of_five[4]) == "dead"

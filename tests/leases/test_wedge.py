@@ -118,3 +118,30 @@ def test_a_lease_that_fails_while_planned_is_isolated_and_the_queue_goes_on(monk
     third.refresh_from_db()
     assert second.state == "failed"
     assert third.state == "active"
+
+
+def test_a_failing_tick_raises_one_alert_shows_on_readyz_and_metrics_and_clears_when_it_passes(
+    monkeypatch, client
+):
+    from leases import recovery
+
+    one_node(T0)
+
+    def broken(now):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(recovery, "supervise", broken)
+    for seconds in (5, 10):
+        with pytest.raises(RuntimeError):
+            actions.tick(T0 + timedelta(seconds=seconds))
+    alerts = Alert.objects.filter(kind="tick_failed")
+    assert alerts.count() == 1 and "disk full" in alerts.get().message
+    ready = client.get("/readyz").json()
+    assert ready["checks"]["scheduler"].startswith("tick failing: 2 in a row")
+    assert ready["ready"] is True  # the web process itself is fine; the alert says what is not
+    metrics = client.get("/metrics").content.decode()
+    assert "slotkeeper_tick_failures_in_a_row 2" in metrics
+    monkeypatch.undo()
+    actions.tick(T0 + timedelta(seconds=15))
+    assert alerts.get().resolved_at is not None
+    assert client.get("/readyz").json()["checks"]["scheduler"] == "ok"
