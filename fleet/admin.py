@@ -67,6 +67,18 @@ def undrain_nodes(modeladmin, request, queryset):
     )
 
 
+@admin.action(
+    description="Declare selected nodes dead (fences them; asks for a reason)", permissions=["change"]
+)
+def declare_nodes_dead(modeladmin, request, queryset):
+    return _with_reason(modeladmin, request, queryset, title="Declare dead", apply=actions.do_declare_dead)
+
+
+@admin.action(description="Re-admit selected fenced nodes (asks for a reason)", permissions=["change"])
+def readmit_nodes(modeladmin, request, queryset):
+    return _with_reason(modeladmin, request, queryset, title="Re-admit", apply=actions.do_readmit)
+
+
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
     list_display = [
@@ -80,7 +92,7 @@ class NodeAdmin(admin.ModelAdmin):
     ]
     list_filter = ["status"]
     search_fields = ["name"]
-    actions = [drain_nodes, undrain_nodes]
+    actions = [drain_nodes, undrain_nodes, declare_nodes_dead, readmit_nodes]
     readonly_fields = [
         "status",
         "status_reason",
@@ -96,6 +108,9 @@ class NodeAdmin(admin.ModelAdmin):
         "obs_load1",
         "reported_instances",
         "idle_baseline_mib",
+        "fenced_at",
+        "fence_reason",
+        "last_fenced_heartbeat_at",
         "version",
     ]
     exclude = ["token_digest"]
@@ -131,11 +146,18 @@ class NodeAdmin(admin.ModelAdmin):
         )
 
     def delete_model(self, request, obj):
-        actions.do_delete_node(request.user, obj.pk, now=timezone.now())
+        self._delete(request, obj)
 
     def delete_queryset(self, request, queryset):
         for node in queryset:
+            self._delete(request, node)
+
+    def _delete(self, request, node):
+        # A node that still runs instances or holds reservations is refused with the reason, not a server error.
+        try:
             actions.do_delete_node(request.user, node.pk, now=timezone.now())
+        except DomainError as exc:
+            self.message_user(request, str(exc), messages.ERROR)
 
 
 @admin.register(PlacementReport)

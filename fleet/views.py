@@ -253,6 +253,19 @@ def declare_dead(request, node_id: int):
     return redirect("node-detail", node_id=node_id)
 
 
+@role_required("admin")
+@require_POST
+def readmit(request, node_id: int):
+    try:
+        actions.do_readmit(
+            request.user, node_id, reason=request.POST.get("reason", "").strip(), now=timezone.now()
+        )
+        messages.success(request, "Node re-admitted: it comes back online with its next heartbeat.")
+    except DomainError as exc:
+        messages.error(request, str(exc))
+    return redirect("node-detail", node_id=node_id)
+
+
 SORTS = {
     "node": lambda v: v["node"],
     "fit": lambda v: (not v["fit"], v.get("reason_code") or ""),

@@ -57,6 +57,7 @@ urlpatterns = [
     path("nodes/<int:node_id>/drain", fleet_views.drain, name="node-drain"),
     path("nodes/<int:node_id>/drain/preview", fleet_views.drain_preview, name="node-drain-preview"),
     path("nodes/<int:node_id>/declare-dead", fleet_views.declare_dead, name="node-declare-dead"),
+    path("nodes/<int:node_id>/readmit", fleet_views.readmit, name="node-readmit"),
     path("placement/<int:report_id>/", fleet_views.report_detail, name="placement-report"),
     path("slots/", lease_views.slot_table, name="slot-table"),
     path("leases/", lease_views.lease_list, name="lease-list"),

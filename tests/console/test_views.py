@@ -110,6 +110,7 @@ def test_an_admin_may_declare_a_node_dead(ada, fleet):
         ("node-drain", "post", {"reason": "done", "undrain": "1"}),
         ("node-drain-preview", "get", {"reason": "kernel upgrade"}),
         ("node-declare-dead", "post", {"reason": "board fried"}),
+        ("node-readmit", "post", {"reason": "fixed"}),
     ],
 )
 def test_a_viewer_is_refused_every_action_on_the_server(vera, fleet, route, method, data):
@@ -130,6 +131,19 @@ def test_an_admin_declares_a_node_dead_with_a_reason(ada, fleet):
     entry = AuditEntry.objects.get(action="node.declare_dead")
     assert Node.objects.get(pk=fleet[1].pk).status == NodeStatus.DEAD
     assert (entry.actor_label, entry.reason) == ("ada", "PSU failed, ticket 88")
+
+
+def test_a_node_declared_dead_shows_it_is_fenced_and_an_admin_readmits_it_from_its_page(ada, otto, fleet):
+    ada.post(reverse("node-declare-dead", args=[fleet[1].pk]), {"reason": "PSU failed, ticket 88"})
+    page = ada.get(reverse("node-detail", args=[fleet[1].pk])).content.decode()
+    assert "Fenced" in page and "PSU failed, ticket 88" in page and "Re-admit architect" in page
+    assert "Re-admit" not in otto.get(reverse("node-detail", args=[fleet[1].pk])).content.decode()
+    assert otto.post(reverse("node-readmit", args=[fleet[1].pk]), {"reason": "fixed"}).status_code == 403
+    ada.post(reverse("node-readmit", args=[fleet[1].pk]), {"reason": "PSU replaced"})
+    node = Node.objects.get(pk=fleet[1].pk)
+    assert (node.status, node.fenced_at) == (NodeStatus.OFFLINE, None)
+    entry = AuditEntry.objects.get(action="node.readmit")
+    assert (entry.actor_label, entry.reason) == ("ada", "PSU replaced")
 
 
 # Drain through its preview -------------------------------------------------------------------------------------
