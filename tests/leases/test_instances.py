@@ -136,6 +136,36 @@ def test_a_dead_node_loses_its_instances_and_an_approved_reschedule_moves_them(f
     assert inst.state == "unloaded"
 
 
+def test_a_node_the_sweep_found_dead_returns_and_is_told_to_stop_what_was_moved_meanwhile(fleet):
+    # Not fenced (nobody declared it dead): it may come back by itself, but the instance that was rescheduled
+    # while it was away must not run twice. Its agent still reports it running; the assignment says stop.
+    now = timezone.now()
+    lease, [inst] = run_lease(now)
+    report_all(now)
+    away = inst.node
+    for seconds in range(5, 100, 5):
+        for node in Node.objects.exclude(pk=away.pk):
+            healthy(node, now + timedelta(seconds=seconds))
+        fleet_actions.sweep(now + timedelta(seconds=seconds))
+    assert Node.objects.get(pk=away.pk).status == "dead"
+    inst.refresh_from_db()
+    assert inst.state == "lost"
+    proposal = Reschedule.objects.get(instance=inst)
+    [result] = recovery.do_approve(None, [proposal.pk], now=now + timedelta(seconds=100))
+    assert result.ok, result.message
+    back = healthy(away, now + timedelta(seconds=101), [{"id": inst.iid, "status": "running"}])
+    assert back.status == "online"
+    [told] = [a for a in recovery.assignments(back, now + timedelta(seconds=101)) if a["id"] == inst.iid]
+    assert told["desired_state"] == "stopped"
+    inst.refresh_from_db()
+    assert inst.state == "rescheduled"
+    # Once the agent has stopped it, it is unloaded; the new instance runs elsewhere.
+    healthy(away, now + timedelta(seconds=106), [])
+    inst.refresh_from_db()
+    assert inst.state == "unloaded"
+    assert Instance.objects.get(iid=result.new_instance).node_id != away.pk
+
+
 def test_approving_twice_is_a_conflict_and_a_stale_version_is_refused(fleet):
     now = timezone.now()
     _lease, [inst] = run_lease(now)
