@@ -37,7 +37,6 @@ from websockets.sync.client import ClientConnection, connect
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
-E2E_DATABASE = "slotkeeper_e2e"
 PASSWORD = "e2e-operator-password"
 OPERATOR = "e2e-operator"
 # What scenario 1 runs: a real process that stays up until it is killed or stopped.
@@ -124,6 +123,19 @@ class Proc:
             self._reap(5)
         # Celery's pool children share the group; they must not outlive their parent's SIGTERM either.
         self._signal_group(signal.SIGKILL)
+
+    def terminate_timed(self, limit_s: float) -> float | None:
+        """SIGTERM to the main process only (what systemd's stop and the kubelet send first) and the seconds it
+        took to exit, or None when it was still alive after `limit_s`; then the group is killed either way, so a
+        hung process never outlives the test."""
+        assert self.popen is not None, f"{self.name} was never started"
+        started = time.monotonic()
+        self.popen.send_signal(signal.SIGTERM)
+        exited = self._reap(limit_s)
+        took = time.monotonic() - started
+        self._signal_group(signal.SIGKILL)
+        self._reap(5)
+        return took if exited else None
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -351,9 +363,15 @@ class Cluster:
     # -- environment
 
     @property
+    def e2e_database(self) -> str:
+        """`<DATABASE_URL's name>_e2e`: two engineers' runs against one PostgreSQL, each with its own
+        DATABASE_URL, must not drop each other's database in the middle of a run."""
+        return urlsplit(self.database_url).path.lstrip("/") + "_e2e"
+
+    @property
     def e2e_database_url(self) -> str:
         parts = urlsplit(self.database_url)
-        return urlunsplit(parts._replace(path=f"/{E2E_DATABASE}"))
+        return urlunsplit(parts._replace(path=f"/{self.e2e_database}"))
 
     @property
     def redis_url(self) -> str:
@@ -399,7 +417,7 @@ class Cluster:
         parts = urlsplit(self.database_url)
         admin_url = urlunsplit(parts._replace(path="/postgres"))
         with psycopg.connect(admin_url, autocommit=True) as conn:
-            name = sql.Identifier(E2E_DATABASE)
+            name = sql.Identifier(self.e2e_database)
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
             conn.execute(sql.SQL("CREATE DATABASE {}").format(name))
 
