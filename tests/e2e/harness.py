@@ -35,6 +35,8 @@ from psycopg import sql
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.sync.client import ClientConnection, connect
 
+from slotkeeper.shutdown import DAPHNE_TIMEOUTS
+
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 PASSWORD = "e2e-operator-password"
@@ -475,6 +477,7 @@ class Cluster:
             "127.0.0.1",
             "-p",
             str(port),
+            *DAPHNE_TIMEOUTS,
             "slotkeeper.asgi:application",
         ]
         return self._add(f"daphne{i}", argv, PGAPPNAME=f"e2e-daphne{i}")
@@ -483,7 +486,8 @@ class Cluster:
         argv = [str(VENV_BIN / "celery"), "-A", "slotkeeper", "worker", "-l", "info", "--concurrency", "1"]
         argv += ["-n", f"w{i}@%h", "--without-mingle", "--without-gossip"]
         # PGAPPNAME names the worker's database sessions, so a test can see which worker is mid-transaction.
-        return self._add(f"worker{i}", argv, PGAPPNAME=f"e2e-worker{i}")
+        # REMAP_SIGTERM as deploy/ sets it: SIGTERM is Celery's bounded soft-then-cold shutdown.
+        return self._add(f"worker{i}", argv, PGAPPNAME=f"e2e-worker{i}", REMAP_SIGTERM="SIGQUIT")
 
     def _beat(self) -> Proc:
         argv = [str(VENV_BIN / "celery"), "-A", "slotkeeper", "beat", "-l", "info"]
