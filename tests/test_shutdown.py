@@ -189,3 +189,23 @@ def test_shutdown_subscribers_hear_it_once_even_when_one_fails():
         for undo in unsubscribe:
             undo()
     assert heard == [1]
+
+
+def test_every_middleware_runs_async_under_daphne():
+    """One sync-only middleware puts every request through a thread -> loop -> thread hop, and a thread caught in
+    it when Daphne's loop stops waits forever (the stopped Daphne then lives until the exit deadline)."""
+    from django.conf import settings
+    from django.utils.module_loading import import_string
+
+    sync_only = [path for path in settings.MIDDLEWARE if not getattr(import_string(path), "async_capable", False)]
+    assert sync_only == []
+
+
+@pytest.mark.django_db
+async def test_probes_and_request_ids_answer_through_the_async_stack(async_client):
+    healthz = await async_client.get("/healthz")
+    assert (healthz.status_code, healthz.content) == (200, b"ok")
+    readyz = await async_client.get("/readyz")
+    assert readyz.status_code == 200
+    login = await async_client.get("/login/", headers={"X-Request-ID": "req-1"})
+    assert (login.status_code, login["X-Request-ID"]) == (200, "req-1")
