@@ -197,7 +197,9 @@ def test_every_middleware_runs_async_under_daphne():
     from django.conf import settings
     from django.utils.module_loading import import_string
 
-    sync_only = [path for path in settings.MIDDLEWARE if not getattr(import_string(path), "async_capable", False)]
+    sync_only = [
+        path for path in settings.MIDDLEWARE if not getattr(import_string(path), "async_capable", False)
+    ]
     assert sync_only == []
 
 
