@@ -1,7 +1,7 @@
 """The concurrency invariants at full size on PostgreSQL: 8 submitters x 500 leases with a ticker on 50 nodes (no
 node overcommitted at any instant), and 20 rounds of eight workers evacuating eight of 20 nodes (no anti-affinity
 group broken). The test suite runs the same tests, with the same assertions, at a size that proves the invariants
-in well under a minute each (8 x 50 leases, 4 rounds); this runs them at full size and prints what they took.
+in well under a minute each (8 x 30 leases, 4 rounds); this runs them at full size and prints what they took.
 
     .venv/bin/python bench/bench_concurrency.py            # full: about 4 min for the leases, 20 rounds
     .venv/bin/python bench/bench_concurrency.py --quick    # the test suite's size
@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SUBMITTERS = 8
 FULL = {"leases": 500, "rounds": 20}
-QUICK = {"leases": 50, "rounds": 4}
+QUICK = {"leases": 30, "rounds": 4}
 TESTS = [
     "tests/leases/test_concurrency.py::test_eight_submitters_and_ticks_never_overcommit_a_node",
     "tests/leases/test_groups_concurrency.py::test_eight_workers_evacuating_eight_nodes_break_no_group",
