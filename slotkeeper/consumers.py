@@ -15,6 +15,7 @@ import contextlib
 import json
 import logging
 import time
+import weakref
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
@@ -32,35 +33,59 @@ TRY_AGAIN_LATER = 1013
 
 
 class Hub:
-    """This process's single member of the console group (see the module docstring)."""
+    """This process's single member of the console group, for one event loop (see the module docstring).
+
+    Everything a hub holds belongs to the loop it runs on: its receive task, its flush task, and inside the channel
+    layer the receive lock that channels_redis binds to the loop of its first contended waiter. So there is one
+    hub per event loop (`hub()`), and a hub stops receiving and leaves the group when its last console leaves.
+    Before, one hub served every loop of the process: a test's second loop (or a restarted server's) met the
+    first loop's receive still registered in the layer, and a console's disconnect failed now and then with
+    "Lock ... is bound to a different event loop" (channels_redis keeps one receive lock per layer).
+    """
 
     def __init__(self) -> None:
-        self._reset(None)
-
-    def _reset(self, loop) -> None:
-        self.loop = loop
         self.consoles: set[ConsoleConsumer] = set()
         self.pending: dict[tuple, dict] = {}
+        self.channel: str | None = None
         self.receiver: asyncio.Task | None = None
         self.flusher: asyncio.Task | None = None
         self.last_flush = 0.0
+        # Created on the loop the hub belongs to, and used only there.
+        self.lock = asyncio.Lock()
 
     async def join(self, console: ConsoleConsumer) -> None:
         """Raises ConnectionError/OSError when the channel layer is away (the console then closes with 1013)."""
-        loop = asyncio.get_running_loop()
-        if self.loop is not loop:
-            self._reset(
-                loop
-            )  # a new event loop (a test, a restarted server): nothing of the old one is usable
-        if self.receiver is None or self.receiver.done():
-            layer = get_channel_layer()
-            channel = await layer.new_channel()
-            await layer.group_add(CONSOLE_GROUP, channel)
-            self.receiver = loop.create_task(self._receive(layer, channel))
-        self.consoles.add(console)
+        async with self.lock:
+            if self.receiver is None or self.receiver.done():
+                layer = get_channel_layer()
+                channel = await layer.new_channel()
+                await layer.group_add(CONSOLE_GROUP, channel)
+                self.channel = channel
+                self.receiver = asyncio.get_running_loop().create_task(self._receive(layer, channel))
+            self.consoles.add(console)
 
-    def leave(self, console: ConsoleConsumer) -> None:
-        self.consoles.discard(console)
+    async def leave(self, console: ConsoleConsumer) -> None:
+        async with self.lock:
+            self.consoles.discard(console)
+            if not self.consoles:
+                await self._stop()
+
+    async def _stop(self) -> None:
+        """No console is left: stop receiving and leave the group, so nothing of this loop stays registered in
+        the channel layer, and no group member lingers that nobody reads (each would hold up to the layer's
+        capacity of messages until they expire)."""
+        receiver, self.receiver = self.receiver, None
+        if receiver is not None and not receiver.done():
+            receiver.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await receiver
+        channel, self.channel = self.channel, None
+        if channel is not None:
+            with contextlib.suppress(Exception):
+                # Bounded: the layer may be the thing that went away.
+                await asyncio.wait_for(get_channel_layer().group_discard(CONSOLE_GROUP, channel), 2)
+        if self.flusher is not None and self.flusher.done():
+            self.flusher = None
 
     async def _receive(self, layer, channel: str) -> None:
         try:
@@ -96,7 +121,17 @@ class Hub:
                 await asyncio.sleep(COALESCE_S)
 
 
-HUB = Hub()
+# One hub per event loop. Weak keys: a loop that is gone (a finished test's) takes its hub with it.
+_hubs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Hub] = weakref.WeakKeyDictionary()
+
+
+def hub() -> Hub:
+    """The hub of the running event loop (Daphne has one loop, so one hub per process)."""
+    loop = asyncio.get_running_loop()
+    found = _hubs.get(loop)
+    if found is None:
+        found = _hubs[loop] = Hub()
+    return found
 
 
 class ConsoleConsumer(AsyncWebsocketConsumer):
@@ -108,7 +143,7 @@ class ConsoleConsumer(AsyncWebsocketConsumer):
             await self.close(code=4401)
             return
         try:
-            await HUB.join(self)
+            await hub().join(self)
         except (ConnectionError, OSError):
             # The channel layer (Redis) is away: refuse with "try again later" rather than failing the handshake
             # with a 500; the page falls back to polling and reconnects with backoff.
@@ -120,7 +155,7 @@ class ConsoleConsumer(AsyncWebsocketConsumer):
         await self.send(text_data=json.dumps({"event": "hello", "role": role}))
 
     async def disconnect(self, code):
-        HUB.leave(self)
+        await hub().leave(self)
         if getattr(self, "counted", False):
             metrics.add_gauge("slotkeeper_websocket_clients", -1)
             self.counted = False

@@ -1,4 +1,5 @@
-"""Embedded mode: the periodic work (node sweep, lease tick) runs in a loop inside the web process.
+"""Embedded mode: the periodic work (node sweep, lease tick) runs in a loop inside the web process. The wrapper
+around the ASGI application also tells slotkeeper.shutdown when Daphne starts stopping, in both runs.
 
 It is started as a task on Daphne's own event loop at the first request, so broadcasts sent from it reach the
 in-memory channel layer on the loop that serves the websockets. Each round runs the same tasks beat would enqueue.
@@ -7,10 +8,13 @@ in-memory channel layer on the loop that serves the websockets. Each round runs 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+
+from slotkeeper import shutdown
 
 log = logging.getLogger(__name__)
 
@@ -30,22 +34,39 @@ def periodic_round() -> None:
 
 
 async def loop_forever(interval: float) -> None:
+    """Runs a round every `interval` seconds until shutdown begins, and ends as soon as it does: it does not wait
+    for the round in hand, whose thread finishes the step it is in and stops (run_periodic checks between steps)."""
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    unsubscribe = shutdown.on_begin(lambda: loop.call_soon_threadsafe(stopping.set))
     log.info("embedded periodic loop started", extra={"interval_s": interval})
-    while True:
-        try:
-            await sync_to_async(periodic_round, thread_sensitive=False)()
-        except Exception:
-            # One bad round must not stop the loop: the next round retries, and the error is logged with context.
-            log.exception("embedded periodic round failed")
-        await asyncio.sleep(interval)
+    try:
+        while not stopping.is_set():
+            round_ = asyncio.ensure_future(sync_to_async(periodic_round, thread_sensitive=False)())
+            stop = asyncio.ensure_future(stopping.wait())
+            await asyncio.wait({round_, stop}, return_when=asyncio.FIRST_COMPLETED)
+            stop.cancel()
+            if not round_.done():
+                break  # shutdown began mid-round
+            if round_.exception() is not None:
+                # One bad round must not stop the loop: the next round retries, and the error is logged.
+                log.error("embedded periodic round failed", exc_info=round_.exception())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), interval)
+    finally:
+        unsubscribe()
+        log.info("embedded periodic loop stopped")
 
 
 def with_embedded_loop(app):
     async def wrapper(scope, receive, send):
         global _started
-        if not _started and settings.EMBEDDED_LOOP and scope["type"] in {"http", "websocket"}:
+        if not _started and scope["type"] in {"http", "websocket"}:
             _started = True
-            asyncio.get_running_loop().create_task(loop_forever(settings.EMBEDDED_LOOP_INTERVAL_S))
+            # Under Daphne: hear SIGTERM before the loop stops, so nothing is queued on a loop that will not run.
+            shutdown.watch_daphne()
+            if settings.EMBEDDED_LOOP:
+                asyncio.get_running_loop().create_task(loop_forever(settings.EMBEDDED_LOOP_INTERVAL_S))
         return await app(scope, receive, send)
 
     return wrapper

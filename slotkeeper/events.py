@@ -7,29 +7,74 @@ leave as ONE batch message (deduplicated), so a bulk approval of 500 moves is on
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
+import os
 from typing import Any
 
-from asgiref.sync import async_to_sync
+from asgiref.sync import SyncToAsync, async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
+
+from slotkeeper import shutdown
 
 log = logging.getLogger(__name__)
 
 CONSOLE_GROUP = "console"
 _BUFFER = "_slotkeeper_events"
+# The longest a committed write waits for its broadcast. A healthy Redis answers in a millisecond; a layer that
+# hangs (Redis half away, a full capacity) costs the request this much once, never more.
+SEND_TIMEOUT_S = 2.0
 
 
 def send_batch(events: list[dict[str, Any]]) -> None:
+    """Broadcasts one batch to every console; returns within SEND_TIMEOUT_S (plus a second) whatever the layer
+    does, and never raises. A broadcast is a hint to re-fetch, never the record: losing one (Redis away, the
+    process stopping) must not fail or hold up the write that already committed. Consoles resync on reconnect
+    and by their polling fallback."""
     layer = get_channel_layer()
     if layer is None or not events:
         return
+    if shutdown.begun():
+        # The server's loop is stopping or stopped: a send queued on it would never run (see slotkeeper/shutdown).
+        log.info("broadcast skipped: shutting down", extra={"events": len(events)})
+        return
     try:
-        async_to_sync(layer.group_send)(CONSOLE_GROUP, {"type": "console.event", "events": events})
+        _send_bounded(layer, {"type": "console.event", "events": events}, SEND_TIMEOUT_S)
     except Exception:
-        # A broadcast is a hint to re-fetch, never the record: losing one (Redis away) must not fail the write
-        # that already committed. Consoles resync on reconnect and by their polling fallback.
         log.warning("broadcast failed", extra={"events": len(events)}, exc_info=True)
+
+
+def _send_bounded(layer, message: dict[str, Any], timeout: float) -> None:
+    async def send() -> None:
+        await asyncio.wait_for(layer.group_send(CONSOLE_GROUP, message), timeout)
+
+    loop = _serving_loop()
+    if loop is None:
+        # No loop serves this thread (a Celery task, a management command): async_to_sync runs the send on a
+        # private loop of its own, where the wait_for above fires.
+        async_to_sync(send)()
+        return
+    if not loop.is_running():
+        # The loop this request came from has stopped (the server is on its way out): a send queued there would
+        # wait forever, which is what async_to_sync does.
+        raise RuntimeError("the event loop of this request has stopped")
+    # On the serving loop, because the in-memory layer's queues belong to it. The wait here is bounded too: the
+    # loop may stop between the check above and the send, and then the wait_for never fires.
+    future = asyncio.run_coroutine_threadsafe(send(), loop)
+    try:
+        future.result(timeout + 1)
+    except concurrent.futures.TimeoutError:
+        future.cancel()
+        raise TimeoutError(f"the broadcast did not finish in {timeout + 1:g} s") from None
+
+
+def _serving_loop() -> asyncio.AbstractEventLoop | None:
+    """The event loop whose sync_to_async thread this is (Daphne's, a test's), as async_to_sync finds it."""
+    if getattr(SyncToAsync.threadlocal, "main_event_loop_pid", None) != os.getpid():
+        return None
+    return getattr(SyncToAsync.threadlocal, "main_event_loop", None)
 
 
 def send_now(event: str, **payload: Any) -> None:

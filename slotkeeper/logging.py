@@ -8,6 +8,8 @@ import logging
 import uuid
 from datetime import UTC, datetime
 
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+
 request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 
 
@@ -46,17 +48,41 @@ class JsonFormatter(logging.Formatter):
 
 
 class RequestIdMiddleware:
-    """Takes X-Request-ID from the caller (or makes one), logs with it, and returns it on the response."""
+    """Takes X-Request-ID from the caller (or makes one), logs with it, and returns it on the response.
+
+    Async under Daphne. A sync-only middleware makes Django hop thread -> loop -> thread for every request
+    (async_to_sync around the rest of the stack), and a request thread caught in that hop when Daphne's loop
+    stopped waited for the stopped loop forever: a SIGTERM'd Daphne then only ended by slotkeeper.shutdown's
+    deadline. With every middleware async, the only thread of a request is its view's."""
+
+    sync_capable = True
+    async_capable = True
 
     def __init__(self, get_response):
         self.get_response = get_response
+        if iscoroutinefunction(get_response):
+            markcoroutinefunction(self)
 
     def __call__(self, request):
-        rid = request.headers.get("X-Request-ID", "")[:64] or new_request_id()
-        token = request_id_var.set(rid)
+        if iscoroutinefunction(self):
+            return self.__acall__(request)
+        rid, token = self._begin(request)
         try:
             response = self.get_response(request)
         finally:
             request_id_var.reset(token)
         response["X-Request-ID"] = rid
         return response
+
+    async def __acall__(self, request):
+        rid, token = self._begin(request)
+        try:
+            response = await self.get_response(request)
+        finally:
+            request_id_var.reset(token)
+        response["X-Request-ID"] = rid
+        return response
+
+    def _begin(self, request) -> tuple[str, contextvars.Token[str]]:
+        rid = request.headers.get("X-Request-ID", "")[:64] or new_request_id()
+        return rid, request_id_var.set(rid)

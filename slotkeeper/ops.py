@@ -3,6 +3,7 @@ scrapers), and they reveal only counts, never names or reasons."""
 
 from __future__ import annotations
 
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.conf import settings
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
@@ -14,17 +15,29 @@ from slotkeeper import metrics as counters
 
 class ProbeMiddleware:
     """Answers /healthz and /readyz before the Host check: a kubelet probes by pod IP, which is (rightly) not in
-    ALLOWED_HOSTS, and a 400 there would keep every web pod out of rotation."""
+    ALLOWED_HOSTS, and a 400 there would keep every web pod out of rotation.
+
+    Async under Daphne, like every middleware of the stack (see slotkeeper.logging.RequestIdMiddleware)."""
+
+    sync_capable = True
+    async_capable = True
 
     def __init__(self, get_response):
         self.get_response = get_response
+        if iscoroutinefunction(get_response):
+            markcoroutinefunction(self)
 
     def __call__(self, request):
-        if request.path == "/healthz":
-            return healthz(request)
-        if request.path == "/readyz":
-            return readyz(request)
-        return self.get_response(request)
+        if iscoroutinefunction(self):
+            return self.__acall__(request)
+        probe = _PROBES.get(request.path)
+        return probe(request) if probe else self.get_response(request)
+
+    async def __acall__(self, request):
+        probe = _PROBES.get(request.path)
+        if probe:
+            return await sync_to_async(probe)(request)
+        return await self.get_response(request)
 
 
 class BusyMiddleware:
@@ -112,3 +125,6 @@ def metrics(request):
     for name, labels, value in counters.snapshot():
         lines.append(_line(name, labels, value))
     return HttpResponse("\n".join(lines) + "\n", content_type="text/plain; version=0.0.4")
+
+
+_PROBES = {"/healthz": healthz, "/readyz": readyz}

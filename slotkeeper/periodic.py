@@ -8,6 +8,8 @@ from collections.abc import Callable
 
 from django.utils import timezone
 
+from slotkeeper import shutdown
+
 log = logging.getLogger(__name__)
 
 _steps: list[tuple[str, Callable]] = []
@@ -20,6 +22,11 @@ def register(name: str, step: Callable) -> None:
 
 def run_periodic() -> None:
     for name, step in list(_steps):
+        if shutdown.begun():
+            # The process is stopping: the step in hand has finished; the next round, here or in another
+            # process, does the rest (every step is idempotent and takes `now`).
+            log.info("periodic round cut short: shutting down", extra={"skipped": name})
+            return
         try:
             step(timezone.now())
         except Exception:

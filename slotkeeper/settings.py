@@ -168,6 +168,12 @@ CELERY_TASK_ALWAYS_EAGER = not REDIS_URL
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# A bounded stop. Workers run with REMAP_SIGTERM=SIGQUIT (deploy/, the e2e harness), so SIGTERM starts Celery's cold
+# shutdown, soft first: the task in hand gets this long to finish, then it is cancelled and, acknowledged only late
+# (above), redelivered; a tick is one transaction and idempotent, so it is rolled back and runs again. A plain warm
+# shutdown waits for the task however long it takes: a tick blocked on the plan lock held the stop indefinitely.
+# 4 s: the cold shutdown after it took about 3 s in tests/e2e/test_shutdown.py, and the whole stop must fit in 10.
+CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT = 4.0
 CELERY_TIMEZONE = "UTC"
 # `expires`: a tick that waited longer than its period is pointless, so ticks queued while every worker was down
 # are dropped instead of running back to back when the workers return.

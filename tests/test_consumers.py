@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
@@ -9,7 +11,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AnonymousUser
 
 from slotkeeper import events
-from slotkeeper.consumers import ConsoleConsumer
+from slotkeeper.consumers import ConsoleConsumer, hub
 from slotkeeper.management.commands.issue_token import grant_role
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -79,8 +81,6 @@ def test_events_of_a_transaction_leave_once_after_commit_and_never_after_a_rollb
 
 
 async def test_two_consoles_of_one_process_get_the_same_batch_from_one_group_member():
-    from slotkeeper.consumers import HUB
-
     def make_viewers():
         users = []
         for name in ("v1", "v2"):
@@ -95,7 +95,7 @@ async def test_two_consoles_of_one_process_get_the_same_batch_from_one_group_mem
     assert ok1 and ok2
     await first.receive_json_from(timeout=5)
     await second.receive_json_from(timeout=5)
-    assert len(HUB.consoles) == 2
+    assert len(hub().consoles) == 2
     await sync_to_async(events.send_batch)([{"event": "lease-changed", "lease": 1}])
     await sync_to_async(events.send_batch)([{"event": "lease-changed", "lease": 2}])
     seen = []
@@ -108,4 +108,35 @@ async def test_two_consoles_of_one_process_get_the_same_batch_from_one_group_mem
     assert seen == [[1, 2], [1, 2]]
     await first.disconnect()
     await second.disconnect()
-    assert HUB.consoles == set()
+    assert hub().consoles == set()
+    assert hub().receiver is None  # the last console left: nothing of this loop stays registered in the layer
+
+
+def make_viewer(name: str):
+    user = get_user_model().objects.create_user(name, password="pw-only-for-tests")
+    grant_role(user, "viewer")
+    return user
+
+
+async def console_hears_a_batch(user, lease: int, *, disconnect: bool = True) -> None:
+    console, connected, _ = await connect(user)
+    assert connected
+    assert (await console.receive_json_from(timeout=5))["event"] == "hello"
+    await sync_to_async(events.send_batch)([{"event": "lease-changed", "lease": lease}])
+    batch = await console.receive_json_from(timeout=5)
+    assert batch["events"] == [{"event": "lease-changed", "lease": lease}]
+    if disconnect:
+        await console.disconnect()
+
+
+def test_the_hub_serves_consoles_on_successive_event_loops():
+    """A test's loop, then the next test's (or a restarted server's): the second loop's consoles hear their batch,
+    and no loop leaves a group member behind (on the in-memory layer, one nobody reads fills up to capacity)."""
+    from channels.layers import get_channel_layer
+
+    user = make_viewer("vera")
+    for lease in (1, 2, 3):
+        asyncio.run(console_hears_a_batch(user, lease))
+    layer = get_channel_layer()
+    if hasattr(layer, "groups"):  # the in-memory layer shows its members; channels_redis keeps them in Redis
+        assert layer.groups.get(events.CONSOLE_GROUP, {}) == {}

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from slotkeeper.shutdown import DAPHNE_TIMEOUTS
+
 ROOT = Path(__file__).resolve().parents[2]
 PASSWORD = "console-test-password"
 
@@ -124,6 +126,7 @@ def start(workdir: Path) -> Console:
                 "127.0.0.1",
                 "-p",
                 str(port),
+                *DAPHNE_TIMEOUTS,
                 "slotkeeper.asgi:application",
             ],
             env=env,

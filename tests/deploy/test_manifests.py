@@ -21,6 +21,8 @@ import django
 import pytest
 import yaml
 
+from slotkeeper.shutdown import DAPHNE_TIMEOUTS
+
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
@@ -34,8 +36,9 @@ YAML_FILES = sorted(DEPLOY.rglob("*.yml")) + sorted(DEPLOY.rglob("*.yaml"))
 K8S_FILES = sorted(p for p in K8S.glob("*.yaml") if p.name != "kustomization.yaml")
 UNIT_FILES = sorted(SYSTEMD.glob("*.service"))
 NAMESPACE = "slotkeeper"
-# Read by the interpreter, not by settings.py; the units set it so that BASE_DIR is the source tree.
-INTERPRETER_ENV = {"PYTHONPATH"}
+# Read by the interpreter or by Celery, not by settings.py: PYTHONPATH makes BASE_DIR the source tree, and
+# REMAP_SIGTERM makes a worker's SIGTERM the bounded soft shutdown.
+INTERPRETER_ENV = {"PYTHONPATH", "REMAP_SIGTERM"}
 
 
 # --- readers -------------------------------------------------------------------------------------------
@@ -405,6 +408,51 @@ def test_every_command_names_something_this_repository_provides(source):
 )
 def test_the_command_check_rejects_a_renamed_target(argv):
     assert problem_with_command(argv) is not None
+
+
+# --- a stop is bounded --------------------------------------------------------------------------------
+
+
+def daphne_commands() -> list[list[str]]:
+    found = [
+        argv for source in COMMAND_SOURCES for argv in commands_in(source) if Path(argv[0]).name == "daphne"
+    ]
+    assert len(found) >= 2, "expected the image's CMD and the systemd web unit to run daphne"
+    return found
+
+
+def runs_with(argv: list[str], flags: tuple[str, ...]) -> bool:
+    return any(tuple(argv[i : i + len(flags)]) == flags for i in range(len(argv)))
+
+
+def test_every_daphne_of_the_kit_runs_with_the_projects_timeouts():
+    # Without them a closed connection's application lingers 10 s, past the 10 s a stop may take.
+    assert [argv for argv in daphne_commands() if not runs_with(argv, DAPHNE_TIMEOUTS)] == []
+
+
+def test_a_worker_sigterm_is_the_bounded_soft_shutdown_everywhere():
+    # The image (compose, Kubernetes) and the systemd unit both remap it; a warm shutdown waits without bound.
+    image_env = " ".join(dockerfile_args("ENV")).split()
+    assert "REMAP_SIGTERM=SIGQUIT" in image_env
+    unit = SYSTEMD / "slotkeeper-worker.service"
+    assert "REMAP_SIGTERM=SIGQUIT" in [v for k, v in unit_directives(unit) if k == "Environment"]
+    # The pool children are stopped by the main process after the soft shutdown, not by systemd before it.
+    assert unit_directive(unit, "KillMode") == "mixed"
+
+
+@pytest.mark.parametrize("run", ["systemd", "kubernetes", "compose"])
+def test_a_workers_grace_period_covers_its_soft_shutdown(run):
+    from django.conf import settings
+
+    grace = {
+        "systemd": lambda: unit_directive(SYSTEMD / "slotkeeper-worker.service", "TimeoutStopSec"),
+        "kubernetes": lambda: k8s_object("Deployment", "slotkeeper-worker")["spec"]["template"]["spec"][
+            "terminationGracePeriodSeconds"
+        ],
+        "compose": lambda: app_services()["worker"]["stop_grace_period"],
+    }[run]()
+    seconds = float(str(grace).removesuffix("s"))
+    assert settings.CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT + 5 <= seconds <= 30
 
 
 @pytest.mark.parametrize(

@@ -35,9 +35,10 @@ from psycopg import sql
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.sync.client import ClientConnection, connect
 
+from slotkeeper.shutdown import DAPHNE_TIMEOUTS
+
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
-E2E_DATABASE = "slotkeeper_e2e"
 PASSWORD = "e2e-operator-password"
 OPERATOR = "e2e-operator"
 # What scenario 1 runs: a real process that stays up until it is killed or stopped.
@@ -124,6 +125,19 @@ class Proc:
             self._reap(5)
         # Celery's pool children share the group; they must not outlive their parent's SIGTERM either.
         self._signal_group(signal.SIGKILL)
+
+    def terminate_timed(self, limit_s: float) -> float | None:
+        """SIGTERM to the main process only (what systemd's stop and the kubelet send first) and the seconds it
+        took to exit, or None when it was still alive after `limit_s`; then the group is killed either way, so a
+        hung process never outlives the test."""
+        assert self.popen is not None, f"{self.name} was never started"
+        started = time.monotonic()
+        self.popen.send_signal(signal.SIGTERM)
+        exited = self._reap(limit_s)
+        took = time.monotonic() - started
+        self._signal_group(signal.SIGKILL)
+        self._reap(5)
+        return took if exited else None
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -351,9 +365,15 @@ class Cluster:
     # -- environment
 
     @property
+    def e2e_database(self) -> str:
+        """`<DATABASE_URL's name>_e2e`: two engineers' runs against one PostgreSQL, each with its own
+        DATABASE_URL, must not drop each other's database in the middle of a run."""
+        return urlsplit(self.database_url).path.lstrip("/") + "_e2e"
+
+    @property
     def e2e_database_url(self) -> str:
         parts = urlsplit(self.database_url)
-        return urlunsplit(parts._replace(path=f"/{E2E_DATABASE}"))
+        return urlunsplit(parts._replace(path=f"/{self.e2e_database}"))
 
     @property
     def redis_url(self) -> str:
@@ -399,7 +419,7 @@ class Cluster:
         parts = urlsplit(self.database_url)
         admin_url = urlunsplit(parts._replace(path="/postgres"))
         with psycopg.connect(admin_url, autocommit=True) as conn:
-            name = sql.Identifier(E2E_DATABASE)
+            name = sql.Identifier(self.e2e_database)
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
             conn.execute(sql.SQL("CREATE DATABASE {}").format(name))
 
@@ -457,6 +477,7 @@ class Cluster:
             "127.0.0.1",
             "-p",
             str(port),
+            *DAPHNE_TIMEOUTS,
             "slotkeeper.asgi:application",
         ]
         return self._add(f"daphne{i}", argv, PGAPPNAME=f"e2e-daphne{i}")
@@ -465,7 +486,8 @@ class Cluster:
         argv = [str(VENV_BIN / "celery"), "-A", "slotkeeper", "worker", "-l", "info", "--concurrency", "1"]
         argv += ["-n", f"w{i}@%h", "--without-mingle", "--without-gossip"]
         # PGAPPNAME names the worker's database sessions, so a test can see which worker is mid-transaction.
-        return self._add(f"worker{i}", argv, PGAPPNAME=f"e2e-worker{i}")
+        # REMAP_SIGTERM as deploy/ sets it: SIGTERM is Celery's bounded soft-then-cold shutdown.
+        return self._add(f"worker{i}", argv, PGAPPNAME=f"e2e-worker{i}", REMAP_SIGTERM="SIGQUIT")
 
     def _beat(self) -> Proc:
         argv = [str(VENV_BIN / "celery"), "-A", "slotkeeper", "beat", "-l", "info"]

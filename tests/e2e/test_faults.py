@@ -11,7 +11,7 @@ import time
 import psycopg
 import pytest
 
-from tests.e2e.harness import E2E_DATABASE, Cluster, consoles, lease_body, say, wait_for
+from tests.e2e.harness import Cluster, consoles, lease_body, say, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -65,7 +65,7 @@ def kill_mid_tick(cluster: Cluster, victim: str, conn: psycopg.Connection) -> bo
     deadline = time.monotonic() + 7
     caught = False
     while time.monotonic() < deadline and not caught:
-        caught = bool(conn.execute(MID_TICK, (E2E_DATABASE, f"e2e-{victim}")).fetchall())
+        caught = bool(conn.execute(MID_TICK, (cluster.e2e_database, f"e2e-{victim}")).fetchall())
         time.sleep(0.005)
     cluster.procs[victim].kill9()
     return caught

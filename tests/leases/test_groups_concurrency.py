@@ -100,7 +100,9 @@ def test_two_processes_approving_at_the_same_instant_never_share_the_survivor():
     assert group_violations() == []
 
 
-@pytest.mark.parametrize("round_", range(int(os.environ.get("SLOTKEEPER_GROUP_ROUNDS", "20"))))
+# Four rounds kill four different sets of eight nodes; the 20 rounds of the full drill run as a benchmark
+# (bench/bench_concurrency.py) to keep the suite's PostgreSQL pass short.
+@pytest.mark.parametrize("round_", range(int(os.environ.get("SLOTKEEPER_GROUP_ROUNDS", "4"))))
 def test_eight_workers_evacuating_eight_nodes_break_no_group(round_):
     nodes = make_nodes([f"r{round_}-n{i:02d}" for i in range(20)])
     groups = [

@@ -26,8 +26,10 @@ from django.utils import timezone
 from fleet import actions
 from fleet.models import Node
 from slotkeeper.management.commands.issue_token import grant_role, issue
+from slotkeeper.shutdown import DAPHNE_TIMEOUTS
 
 DEMO_DIR = Path(settings.BASE_DIR) / ".demo"
+ASGI_APP = "slotkeeper.asgi:application"
 
 # The three machines measured in seed 001 (tank, architect, morpheus) and nine more of common shapes.
 DEMO_FLEET = [
@@ -63,7 +65,7 @@ class Command(BaseCommand):
         self.seed_extra()
         server = f"http://{host}:{port}"
         daphne = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "slotkeeper.asgi:application"],
+            [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), *DAPHNE_TIMEOUTS, ASGI_APP],
             env={**os.environ, "EMBEDDED_LOOP": "1"},
         )
         stop = threading.Event()
