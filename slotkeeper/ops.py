@@ -42,13 +42,26 @@ class ProbeMiddleware:
 
 class BusyMiddleware:
     """A console page whose action could not have the plan lock in time answers 503 with Retry-After (the API does
-    the same in its exception handler) instead of a 500: the request changed nothing and may be sent again."""
+    the same in its exception handler) instead of a 500: the request changed nothing and may be sent again.
+
+    Async under Daphne like the rest of the stack; Django adapts the sync `process_exception`, which runs only on
+    the exception path."""
+
+    sync_capable = True
+    async_capable = True
 
     def __init__(self, get_response):
         self.get_response = get_response
+        if iscoroutinefunction(get_response):
+            markcoroutinefunction(self)
 
     def __call__(self, request):
+        if iscoroutinefunction(self):
+            return self.__acall__(request)
         return self.get_response(request)
+
+    async def __acall__(self, request):
+        return await self.get_response(request)
 
     def process_exception(self, request, exception):
         from slotkeeper.planlock import PlanBusy, is_busy_error

@@ -62,3 +62,16 @@ def test_every_response_carries_a_request_id_and_honours_the_callers():
     response = Client().get("/login/", HTTP_X_REQUEST_ID="abc123")
     assert response["X-Request-ID"] == "abc123"
     assert len(Client().get("/login/")["X-Request-ID"]) == 16
+
+
+def test_a_console_request_that_could_not_have_the_plan_lock_is_a_503_with_retry_after(rf):
+    from django.db import OperationalError
+
+    from slotkeeper.ops import BusyMiddleware
+    from slotkeeper.planlock import PlanBusy
+
+    middleware = BusyMiddleware(lambda request: None)
+    for exc in (PlanBusy("busy"), OperationalError("database is locked")):
+        response = middleware.process_exception(rf.post("/nodes/1/drain"), exc)
+        assert (response.status_code, response["Retry-After"]) == (503, "2")
+    assert middleware.process_exception(rf.get("/"), ValueError("a bug")) is None
