@@ -1,23 +1,20 @@
 """The API's only request body parser: JSON, bounded in size and in depth.
 
-Unbounded, a 50,000-deep `[[[[…]]]]` blew Python's recursion limit inside the parser (a 500), and a body of any size
-was read whole into memory (DRF reads the stream itself, so Django's DATA_UPLOAD_MAX_MEMORY_SIZE never applied).
+Unbounded, a 50,000-deep `[[[[…]]]]` blew Python's recursion limit inside the parser (a 500). The size bound is
+DATA_UPLOAD_MAX_MEMORY_SIZE, enforced here with a 413 whichever way DRF hands over the body (when Django's own check
+fires first, slotkeeper.api turns it into the same 413).
 """
 
 from __future__ import annotations
 
 from django.conf import settings
-from rest_framework import exceptions, status
+from rest_framework import exceptions
 from rest_framework.parsers import JSONParser
 from rest_framework.utils import json
 
+from slotkeeper.api import RequestTooLarge
+
 MAX_DEPTH = 32
-
-
-class RequestTooLarge(exceptions.APIException):
-    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
-    default_detail = "The request body is too large."
-    default_code = "too_large"
 
 
 def depth_of(value) -> int:

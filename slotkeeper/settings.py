@@ -211,8 +211,8 @@ REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 
-# The largest request body the API reads (Django's default, stated here because the JSON parser enforces it with a
-# 413: DRF reads the stream itself, so Django's own check never ran for API requests).
+# The largest request body the API reads (Django's default, stated here because the API answers it with a 413:
+# slotkeeper/parsers.py and slotkeeper/api.py).
 DATA_UPLOAD_MAX_MEMORY_SIZE = 2_621_440
 
 SPECTACULAR_SETTINGS = {
