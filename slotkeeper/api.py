@@ -55,6 +55,10 @@ def exception_handler(exc, context):
     elif isinstance(exc, Http404):
         exc = exceptions.NotFound()
     response = drf_exception_handler(exc, context)
+    if response is not None and isinstance(response.data, list):
+        # A ValidationError raised with a bare message is a JSON array; the schema (and every client) expects the
+        # object shape, with whole-request messages under DRF's own key.
+        response.data = {"non_field_errors": response.data}
     if response is not None and isinstance(exc, Conflict) and exc.extra:
         response.data = {"detail": response.data["detail"], **exc.extra}
     return response
