@@ -134,6 +134,9 @@ class InstanceReportSerializer(StrictSerializer):
         max_length=1000,
     )
     detail = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
+    # The agent reports the generation it runs (fleet/agent/agent.py); the server reads the generation from its own
+    # rows, so it is checked and then left out, as before. Known, so not refused as an unknown field.
+    generation = StrictIntegerField(required=False, allow_null=True, min_value=0, write_only=True)
 
 
 @extend_schema_field(
@@ -166,6 +169,13 @@ class InstanceReportSerializer(StrictSerializer):
                         "maxItems": 1000,
                     },
                     "detail": {"type": "string", "maxLength": 2000},
+                    "generation": {
+                        "type": "integer",
+                        "nullable": True,
+                        "minimum": 0,
+                        "maximum": INT32_MAX,
+                        "description": "the generation the agent runs (informational)",
+                    },
                 },
                 "additionalProperties": False,
             },
@@ -184,6 +194,7 @@ class InstanceEntryField(serializers.Field):
             ser = InstanceReportSerializer(data=data)
             ser.is_valid(raise_exception=True)
             out = dict(ser.validated_data)
+            out.pop("generation", None)
             out["log_tail"] = out["log_tail"][-50:]
             return out
         raise serializers.ValidationError("An instance is an id string or an object with 'id' and 'status'.")

@@ -152,3 +152,16 @@ class TestTransport:
         response = viewer.get(url)
         assert response.status_code == 400
         assert "NUL" in response.json()["detail"]
+
+
+def test_the_agents_own_heartbeat_with_generations_is_accepted(register_node):
+    # The real agent sends each instance's `generation` (fleet/agent/agent.py `_line`): refusing unknown fields
+    # must not refuse the agent's own report.
+    from fleet.agent.agent import _line
+
+    node, agent = register_node()
+    line = _line("1-1-0", "running", 0, ["booted"], "")
+    response = agent.post(f"/api/nodes/{node.pk}/heartbeat", healthy(instances=[line]), format="json")
+    assert response.status_code == 200, response.content
+    node.refresh_from_db()
+    assert [i["id"] for i in node.reported_instances] == ["1-1-0"]
