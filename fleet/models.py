@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Lower
 
 
 class NodeStatus(models.TextChoices):
@@ -73,6 +74,8 @@ class Node(models.Model):
             models.CheckConstraint(
                 condition=Q(fenced_at=None) | Q(status="dead"), name="node_fenced_is_dead"
             ),
+            # "Tank" and "tank" would read as one machine on the board and in every log line.
+            models.UniqueConstraint(Lower("name"), name="node_name_unique_ignoring_case"),
         ]
 
     def __str__(self) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404
 from rest_framework import exceptions, status
@@ -36,6 +37,12 @@ class PreconditionFailed(exceptions.APIException):
     default_code = "stale"
 
 
+class RequestTooLarge(exceptions.APIException):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_detail = "The request body is larger than the server reads."
+    default_code = "too_large"
+
+
 def exception_handler(exc, context):
     from slotkeeper.domain import DomainError, NotFound, StaleVersion
     from slotkeeper.planlock import PlanBusy, is_busy_error
@@ -53,11 +60,19 @@ def exception_handler(exc, context):
         exc = Conflict(str(exc), extra=getattr(exc, "extra", None))
     elif isinstance(exc, DjangoValidationError):
         exc = exceptions.ValidationError(exc.message_dict if hasattr(exc, "error_dict") else exc.messages)
+    elif isinstance(exc, RequestDataTooBig):
+        # Django's own body limit (DATA_UPLOAD_MAX_MEMORY_SIZE), hit when DRF reads the body: without this it was
+        # Django's HTML 400 page, not the API's JSON error.
+        exc = RequestTooLarge()
     elif isinstance(exc, Http404):
         exc = exceptions.NotFound()
     response = drf_exception_handler(exc, context)
     if response is not None and retry_after is not None:
         response["Retry-After"] = str(retry_after)
+    if response is not None and isinstance(response.data, list):
+        # A ValidationError raised with a bare message is a JSON array; the schema (and every client) expects the
+        # object shape, with whole-request messages under DRF's own key.
+        response.data = {"non_field_errors": response.data}
     if response is not None and isinstance(exc, Conflict) and exc.extra:
         response.data = {"detail": response.data["detail"], **exc.extra}
     return response

@@ -1,15 +1,40 @@
-"""Strict JSON number fields: DRF's own accept "12" and NaN, which a health report must never contain."""
+"""Strict JSON fields for the API: numbers that are numbers, booleans that are booleans, times and blobs with bounds.
+
+DRF's own fields accept "12" for a number, NaN and 1e308 for a float, "yes" for a boolean and any int however large;
+the database then refuses what the serializer let through, and the client gets a 500 instead of a 400.
+"""
 
 from __future__ import annotations
 
+import json
 import math
 import re
+from datetime import UTC, datetime
 
 from rest_framework import serializers
 
+# The database columns behind the API: PositiveIntegerField / IntegerField are PostgreSQL `integer`, ids `bigint`.
+INT32_MIN = -(2**31)
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+# A float the API stores is a physical quantity; this is far above any real one and far below where float
+# arithmetic (sums, products with 1024) overflows to infinity.
+FLOAT_MAX = 1e12
+# Times the API stores or computes with: beyond these, adding a lease's duration or a window overflows `datetime`
+# (year 9999) and the request ended in a 500.
+EARLIEST_TIME = datetime(2000, 1, 1, tzinfo=UTC)
+LATEST_TIME = datetime(9000, 1, 1, tzinfo=UTC)
+
 
 class StrictIntegerField(serializers.IntegerField):
+    """A JSON integer (or an integral float), bounded by default to what a PostgreSQL `integer` column holds."""
+
     default_error_messages = {"invalid": "A whole number is required (got {kind})."}
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("min_value", INT32_MIN)
+        kwargs.setdefault("max_value", INT32_MAX)
+        super().__init__(**kwargs)
 
     def to_internal_value(self, data):
         if (
@@ -22,10 +47,17 @@ class StrictIntegerField(serializers.IntegerField):
 
 
 class StrictFloatField(serializers.FloatField):
+    """A finite JSON number, bounded by default to ±FLOAT_MAX."""
+
     default_error_messages = {
         "invalid": "A number is required (got {kind}).",
         "not_finite": "A finite number is required (got {value}).",
     }
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("min_value", -FLOAT_MAX)
+        kwargs.setdefault("max_value", FLOAT_MAX)
+        super().__init__(**kwargs)
 
     def to_internal_value(self, data):
         if isinstance(data, bool) or not isinstance(data, int | float):
@@ -33,6 +65,34 @@ class StrictFloatField(serializers.FloatField):
         if not math.isfinite(data):
             self.fail("not_finite", value=data)
         return super().to_internal_value(data)
+
+
+class StrictBooleanField(serializers.BooleanField):
+    """Only JSON true or false: DRF's own takes "yes", "on", 1 and "0", and a typo then silently means something."""
+
+    default_error_messages = {"invalid": "Must be true or false (got {kind})."}
+
+    def to_internal_value(self, data):
+        if not isinstance(data, bool):
+            self.fail("invalid", kind=type(data).__name__)
+        return data
+
+
+class BoundedDateTimeField(serializers.DateTimeField):
+    """An ISO time between EARLIEST_TIME and LATEST_TIME, so that arithmetic on it can never overflow."""
+
+    default_error_messages = {
+        "out_of_range": "Must be between 2000-01-01 and 9000-01-01 (UTC).",
+    }
+
+    def to_internal_value(self, value):
+        try:
+            parsed = super().to_internal_value(value)
+        except OverflowError:  # a time near year 1 or 9999 whose offset pushes it past the calendar
+            self.fail("out_of_range")
+        if not EARLIEST_TIME <= parsed < LATEST_TIME:
+            self.fail("out_of_range")
+        return parsed
 
 
 CAPABILITY_RE = re.compile(r"^[a-z0-9][a-z0-9_.:/-]{0,99}$")
@@ -47,4 +107,44 @@ class CapabilityField(serializers.CharField):
         value = super().to_internal_value(data)
         if not CAPABILITY_RE.match(value):
             self.fail("pattern")
+        return value
+
+
+def json_blob_problem(value, *, max_bytes: int, max_depth: int) -> str | None:
+    """Why a free-form JSON value may not be stored, or None. PostgreSQL's jsonb refuses the NUL character (a 500
+    when it reached the database), and an unbounded blob would be copied into every read of its row."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > max_depth:
+            return f"Nested deeper than {max_depth} levels."
+        if isinstance(item, str) and "\x00" in item:
+            return "Strings may not contain the NUL character."
+        if isinstance(item, float) and not math.isfinite(item):
+            return "Numbers must be finite."
+        if isinstance(item, dict):
+            for key, child in item.items():
+                if "\x00" in str(key):
+                    return "Keys may not contain the NUL character."
+                stack.append((child, depth + 1))
+        elif isinstance(item, list):
+            stack.extend((child, depth + 1) for child in item)
+    size = len(json.dumps(value, ensure_ascii=False).encode())
+    if size > max_bytes:
+        return f"At most {max_bytes} bytes of JSON (got {size})."
+    return None
+
+
+class BoundedJSONDictField(serializers.DictField):
+    """A free-form JSON object with a size and depth bound (the driver spec's `sim` section)."""
+
+    def __init__(self, *, max_bytes: int, max_depth: int = 4, **kwargs):
+        self.max_bytes = max_bytes
+        self.max_depth = max_depth
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        if problem := json_blob_problem(value, max_bytes=self.max_bytes, max_depth=self.max_depth):
+            raise serializers.ValidationError(problem)
         return value

@@ -14,3 +14,66 @@ class BearerTokenScheme(OpenApiAuthenticationExtension):
             "description": "A person's or integration's token (`manage.py issue_token`), or a node agent's token "
             "(returned once by POST /api/nodes/) for that node's heartbeat and assignments.",
         }
+
+
+# The error answers every operation can give, documented once here rather than on each view (slotkeeper/api.py
+# makes them). Without them the schema said an operation answers only 200, and a client generated from it had no
+# type for the 400 that names the bad field.
+ERROR_COMPONENTS = {
+    "Error": {
+        "type": "object",
+        "properties": {"detail": {"type": "string"}},
+        "required": ["detail"],
+        "description": "What went wrong, for a person. A 409 may add context (e.g. `lease`, `verdicts`).",
+    },
+    "ValidationError": {
+        "type": "object",
+        "additionalProperties": {},
+        "description": "Bad input: each offending field (nested fields nested) with its messages, or `detail` "
+        "when the body itself could not be read.",
+    },
+}
+ERROR_DESCRIPTIONS = {
+    "400": ("ValidationError", "bad input: the fields named, nothing changed"),
+    "401": ("Error", "no or an unknown token"),
+    "403": ("Error", "the token's role (or node) may not do this"),
+    "404": ("Error", "no such object"),
+    "409": ("Error", "conflicts with the current state; nothing changed"),
+    "413": ("Error", "the request body is larger than the server reads"),
+    "415": ("Error", "the request body is not JSON"),
+}
+WRITE_METHODS = {"post", "put", "patch", "delete"}
+
+
+def error_codes(method: str, operation: dict) -> list[str]:
+    codes = ["400", "401", "403"]
+    if any(p.get("in") == "path" for p in operation.get("parameters", [])):
+        codes.append("404")
+    if method in WRITE_METHODS:
+        codes.append("409")
+    if "requestBody" in operation:
+        codes += ["413", "415"]
+    return codes
+
+
+def document_error_responses(result, generator, request, public):
+    """drf-spectacular postprocessing hook: adds the error answers to every operation under /api/."""
+    result.setdefault("components", {}).setdefault("schemas", {}).update(ERROR_COMPONENTS)
+    for path, item in result.get("paths", {}).items():
+        if not path.startswith("/api/"):
+            continue
+        for method, operation in item.items():
+            responses = operation.setdefault("responses", {})
+            for code in error_codes(method, operation):
+                component, description = ERROR_DESCRIPTIONS[code]
+                response = responses.setdefault(code, {"description": description})
+                response.setdefault("content", _json_ref(component))
+            for code, response in responses.items():
+                if code.startswith("4"):  # an error a view documented by description alone (412, 409)
+                    response.setdefault("content", _json_ref("Error"))
+            operation["responses"] = dict(sorted(responses.items()))
+    return result
+
+
+def _json_ref(component: str) -> dict:
+    return {"application/json": {"schema": {"$ref": f"#/components/schemas/{component}"}}}

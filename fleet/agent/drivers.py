@@ -77,7 +77,9 @@ def read_tail(path: Path, lines: int) -> list[str]:
         with path.open("rb") as f:
             f.seek(0, os.SEEK_END)
             f.seek(max(0, f.tell() - LOG_TAIL_BYTES))
-            text = f.read().decode("utf-8", errors="replace")
+            # NUL becomes U+FFFD like any undecodable byte: the server refuses NUL in a heartbeat (PostgreSQL cannot
+            # store it), and one binary write to stdout would otherwise fail every heartbeat of the node.
+            text = f.read().decode("utf-8", errors="replace").replace("\x00", "\ufffd")
     except FileNotFoundError:
         return []
     return [line[:LOG_LINE_MAX_CHARS] for line in text.splitlines()[-lines:]] if lines > 0 else []

@@ -7,7 +7,25 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from fleet.models import Node, PlacementReport
-from slotkeeper.fields import CapabilityField, StrictFloatField, StrictIntegerField
+from slotkeeper.fields import (
+    INT32_MAX,
+    INT32_MIN,
+    BoundedDateTimeField,
+    CapabilityField,
+    StrictFloatField,
+    StrictIntegerField,
+)
+from slotkeeper.serializers import StrictSerializer
+
+# Physical bounds of one machine, far above any real one (64 TiB of memory, 1 PiB of disk) and far below what the
+# database columns hold (PostgreSQL `integer`: 2^31 - 1).
+MAX_MEM_MIB = 64 * 1024 * 1024
+MAX_DISK_GIB = 1024 * 1024
+MAX_CPU_CORES = 4096
+# A load average or free disk beyond these is a broken agent, not a machine; 1e308 was shown on the board.
+MAX_LOAD1 = 100_000
+MAX_LOG_LINE = 4000
+NODE_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
 
 
 class NodeSerializer(serializers.ModelSerializer):
@@ -64,17 +82,35 @@ class NodeSerializer(serializers.ModelSerializer):
         }
 
 
-class NodeWriteSerializer(serializers.Serializer):
+class NodeWriteSerializer(StrictSerializer):
     name = serializers.RegexField(
-        r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$",
+        NODE_NAME_RE,
+        max_length=100,
         error_messages={"invalid": "Letters, digits, '.', '_' and '-' only; at most 100 characters."},
     )
-    cpu_cores = StrictIntegerField(min_value=1, max_value=4096)
-    mem_total_mib = StrictIntegerField(min_value=1, max_value=64 * 1024 * 1024)
-    disk_total_gib = StrictIntegerField(min_value=0, max_value=1024 * 1024)
+    cpu_cores = StrictIntegerField(min_value=1, max_value=MAX_CPU_CORES)
+    mem_total_mib = StrictIntegerField(min_value=1, max_value=MAX_MEM_MIB)
+    disk_total_gib = StrictIntegerField(min_value=0, max_value=MAX_DISK_GIB)
     capabilities = serializers.ListField(
         child=CapabilityField(), required=False, default=list, max_length=200
     )
+
+    def __init__(self, *args, node_id: int | None = None, **kwargs):
+        self.node_id = node_id  # the node being edited, whose own name is no clash
+        super().__init__(*args, **kwargs)
+
+    def validate_name(self, name: str) -> str:
+        # Names are unique ignoring case (a DB constraint on Lower(name) backs this up under races): "Tank" beside
+        # "tank" reads as one machine on the board and in every log line. The exact same name stays a 409 conflict,
+        # raised by the action, as it always was.
+        clash = Node.objects.filter(name__iexact=name).exclude(name=name)
+        if self.node_id is not None:
+            clash = clash.exclude(pk=self.node_id)
+        if other := clash.values_list("name", flat=True).first():
+            raise serializers.ValidationError(
+                f"{name!r} differs only in case from the existing node {other!r}."
+            )
+        return name
 
 
 class NodeCreatedSerializer(NodeSerializer):
@@ -85,37 +121,68 @@ class NodeCreatedSerializer(NodeSerializer):
         read_only_fields = fields
 
 
-class InstanceReportSerializer(serializers.Serializer):
+class InstanceReportSerializer(StrictSerializer):
     id = serializers.CharField(max_length=100)
     status = serializers.ChoiceField(
         choices=["starting", "running", "exited", "failed", "stopped", "unhealthy"],
         required=False,
         default="running",
     )
-    exit_code = StrictIntegerField(required=False, allow_null=True, default=None)
+    # Stored in an `integer` column; a process exit status is far smaller (1e20 was a 500 on PostgreSQL).
+    exit_code = StrictIntegerField(
+        required=False, allow_null=True, default=None, min_value=INT32_MIN, max_value=INT32_MAX
+    )
     log_tail = serializers.ListField(
-        child=serializers.CharField(allow_blank=True), required=False, default=list
+        child=serializers.CharField(allow_blank=True, max_length=MAX_LOG_LINE),
+        required=False,
+        default=list,
+        max_length=1000,
     )
     detail = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
+    # The agent reports the generation it runs (fleet/agent/agent.py); the server reads the generation from its own
+    # rows, so it is checked and then left out, as before. Known, so not refused as an unknown field.
+    generation = StrictIntegerField(required=False, allow_null=True, min_value=0, write_only=True)
 
 
 @extend_schema_field(
     {
         "oneOf": [
-            {"type": "string", "description": "an instance id, reported running"},
+            {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": 100,
+                "description": "an instance id, reported running",
+            },
             {
                 "type": "object",
                 "required": ["id"],
                 "properties": {
-                    "id": {"type": "string"},
+                    "id": {"type": "string", "maxLength": 100},
                     "status": {
                         "type": "string",
                         "enum": ["starting", "running", "exited", "failed", "stopped", "unhealthy"],
                     },
-                    "exit_code": {"type": "integer", "nullable": True},
-                    "log_tail": {"type": "array", "items": {"type": "string"}},
-                    "detail": {"type": "string"},
+                    "exit_code": {
+                        "type": "integer",
+                        "nullable": True,
+                        "minimum": INT32_MIN,
+                        "maximum": INT32_MAX,
+                    },
+                    "log_tail": {
+                        "type": "array",
+                        "items": {"type": "string", "maxLength": MAX_LOG_LINE},
+                        "maxItems": 1000,
+                    },
+                    "detail": {"type": "string", "maxLength": 2000},
+                    "generation": {
+                        "type": "integer",
+                        "nullable": True,
+                        "minimum": 0,
+                        "maximum": INT32_MAX,
+                        "description": "the generation the agent runs (informational)",
+                    },
                 },
+                "additionalProperties": False,
             },
         ]
     }
@@ -125,11 +192,14 @@ class InstanceEntryField(serializers.Field):
 
     def to_internal_value(self, data):
         if isinstance(data, str) and data:
-            return {"id": data, "status": "running", "exit_code": None, "log_tail": [], "detail": ""}
+            # The same checks as the object form's id (length, no NUL): it is stored in the node row's JSON.
+            ident = InstanceReportSerializer().fields["id"].run_validation(data)
+            return {"id": ident, "status": "running", "exit_code": None, "log_tail": [], "detail": ""}
         if isinstance(data, dict):
             ser = InstanceReportSerializer(data=data)
             ser.is_valid(raise_exception=True)
             out = dict(ser.validated_data)
+            out.pop("generation", None)
             out["log_tail"] = out["log_tail"][-50:]
             return out
         raise serializers.ValidationError("An instance is an id string or an object with 'id' and 'status'.")
@@ -138,12 +208,12 @@ class InstanceEntryField(serializers.Field):
         return value
 
 
-class HeartbeatSerializer(serializers.Serializer):
-    mem_total_mib = StrictIntegerField(min_value=1)
-    mem_used_mib = StrictIntegerField(min_value=0)
-    disk_free_gib = StrictFloatField(min_value=0)
+class HeartbeatSerializer(StrictSerializer):
+    mem_total_mib = StrictIntegerField(min_value=1, max_value=MAX_MEM_MIB)
+    mem_used_mib = StrictIntegerField(min_value=0, max_value=MAX_MEM_MIB)
+    disk_free_gib = StrictFloatField(min_value=0, max_value=MAX_DISK_GIB)
     cpu_pct = StrictFloatField(min_value=0, max_value=100)
-    load1 = StrictFloatField(min_value=0)
+    load1 = StrictFloatField(min_value=0, max_value=MAX_LOAD1)
     instances = serializers.ListField(
         child=InstanceEntryField(), required=False, default=list, max_length=10_000
     )
@@ -163,12 +233,12 @@ class HeartbeatAckSerializer(serializers.Serializer):
     server_time = serializers.DateTimeField()
 
 
-class ReasonSerializer(serializers.Serializer):
+class ReasonSerializer(StrictSerializer):
     reason = serializers.CharField(max_length=300, trim_whitespace=True)
 
 
 class DrainSerializer(ReasonSerializer):
-    deadline = serializers.DateTimeField(
+    deadline = BoundedDateTimeField(
         required=False,
         allow_null=True,
         default=None,
@@ -177,17 +247,19 @@ class DrainSerializer(ReasonSerializer):
     max_parallel = StrictIntegerField(min_value=1, max_value=1000, required=False, default=2)
 
 
-class OptionalReasonSerializer(serializers.Serializer):
+class OptionalReasonSerializer(StrictSerializer):
     reason = serializers.CharField(max_length=300, required=False, allow_blank=True, default="")
 
 
-class PreviewSerializer(serializers.Serializer):
-    mem_mib = StrictIntegerField(min_value=1)
-    disk_gib = StrictIntegerField(min_value=0, required=False, default=0)
-    cpu_cores = StrictFloatField(min_value=0, required=False, default=0)
+class PreviewSerializer(StrictSerializer):
+    mem_mib = StrictIntegerField(min_value=1, max_value=MAX_MEM_MIB)
+    disk_gib = StrictIntegerField(min_value=0, max_value=MAX_DISK_GIB, required=False, default=0)
+    cpu_cores = StrictFloatField(min_value=0, max_value=MAX_CPU_CORES, required=False, default=0)
     capabilities = serializers.ListField(child=CapabilityField(), required=False, default=list, max_length=50)
     count = StrictIntegerField(min_value=1, max_value=1000, required=False, default=1)
-    preferred_node = serializers.CharField(required=False, allow_null=True, allow_blank=True, default=None)
+    preferred_node = serializers.CharField(
+        required=False, allow_null=True, allow_blank=True, default=None, max_length=100
+    )
 
 
 class VerdictSerializer(serializers.Serializer):

@@ -16,6 +16,7 @@ from fleet.models import Node, PlacementReport
 from slotkeeper import metrics
 from slotkeeper.audit import actor_label
 from slotkeeper.auth import IsAdmin, IsNodeAgent, IsOperator, IsViewer
+from slotkeeper.fields import INT64_MAX
 
 
 def validated(serializer_class, data):
@@ -58,7 +59,7 @@ class NodeViewSet(
 
     @extend_schema(request=s.NodeWriteSerializer, responses={200: s.NodeSerializer})
     def partial_update(self, request, pk=None):
-        ser = s.NodeWriteSerializer(data=request.data, partial=True)
+        ser = s.NodeWriteSerializer(data=request.data, partial=True, node_id=self._pk(pk))
         ser.is_valid(raise_exception=True)
         node = actions.do_update_node(
             request.user, self._pk(pk), dict(ser.validated_data), now=timezone.now()
@@ -67,8 +68,9 @@ class NodeViewSet(
 
     @extend_schema(request=s.NodeWriteSerializer, responses={200: s.NodeSerializer})
     def update(self, request, pk=None):
-        data = validated(s.NodeWriteSerializer, request.data)
-        node = actions.do_update_node(request.user, self._pk(pk), data, now=timezone.now())
+        ser = s.NodeWriteSerializer(data=request.data, node_id=self._pk(pk))
+        ser.is_valid(raise_exception=True)
+        node = actions.do_update_node(request.user, self._pk(pk), ser.validated_data, now=timezone.now())
         return Response(s.NodeSerializer(node).data)
 
     def destroy(self, request, pk=None):
@@ -154,9 +156,12 @@ class NodeViewSet(
 
     def _pk(self, pk) -> int:
         try:
-            return int(pk)
+            node_id = int(pk)
         except (TypeError, ValueError):
             raise actions.NotFound(f"node {pk} does not exist") from None
+        if not 1 <= node_id <= INT64_MAX:  # no id is; and a bigger one overflowed the database driver
+            raise actions.NotFound(f"node {pk} does not exist")
+        return node_id
 
     def _own_node(self, request, pk) -> Node:
         if isinstance(request.auth, Node) and request.auth.pk == self._pk(pk):

@@ -16,6 +16,8 @@ from leases.models import Alert, Group, GroupPolicy, Instance, InstanceEvent, Le
 from slotkeeper import audit
 from slotkeeper.auth import IsOperator, IsViewer
 from slotkeeper.domain import DomainError, NotFound
+from slotkeeper.fields import INT32_MAX, INT64_MAX, StrictBooleanField, StrictIntegerField
+from slotkeeper.serializers import StrictModelSerializer, StrictSerializer
 
 
 class RestartRecordSerializer(serializers.ModelSerializer):
@@ -33,7 +35,7 @@ class InstanceEventSerializer(serializers.ModelSerializer):
 
 
 class InstanceSerializer(serializers.ModelSerializer):
-    node = serializers.CharField(source="node.name", default=None, read_only=True)
+    node = serializers.CharField(source="node.name", default=None, read_only=True, allow_null=True)
 
     class Meta:
         model = Instance
@@ -65,7 +67,7 @@ class InstanceDetailSerializer(InstanceSerializer):
         read_only_fields = fields
 
 
-class TransitionSerializer(serializers.Serializer):
+class TransitionSerializer(StrictSerializer):
     state = serializers.ChoiceField(choices=[s.value for s in InstanceState])
     reason = serializers.CharField(max_length=300, required=False, allow_blank=True, default="")
 
@@ -85,9 +87,9 @@ class InstanceViewSet(viewsets.ReadOnlyModelViewSet):
         qs = Instance.objects.select_related("node").order_by("lease_id", "vnode", "-generation")
         params = self.request.query_params
         if node := params.get("node"):
-            qs = qs.filter(node__name=node) if not node.isdigit() else qs.filter(node_id=int(node))
+            qs = qs.filter(node__name=node) if not _is_id(node) else qs.filter(node_id=int(node))
         if lease := params.get("lease"):
-            if not lease.isdigit():
+            if not _is_id(lease):
                 raise serializers.ValidationError({"lease": "A lease id is a number."})
             qs = qs.filter(lease_id=int(lease))
         if state := params.get("state"):
@@ -133,9 +135,13 @@ class InstanceViewSet(viewsets.ReadOnlyModelViewSet):
 
 class RescheduleSerializer(serializers.ModelSerializer):
     instance = serializers.CharField(source="instance.iid", read_only=True)
-    proposed_node = serializers.CharField(source="proposed_node.name", default=None, read_only=True)
+    proposed_node = serializers.CharField(
+        source="proposed_node.name", default=None, read_only=True, allow_null=True
+    )
     verdicts = serializers.JSONField(source="report.verdicts", default=list, read_only=True)
-    new_instance = serializers.CharField(source="new_instance.iid", default=None, read_only=True)
+    new_instance = serializers.CharField(
+        source="new_instance.iid", default=None, read_only=True, allow_null=True
+    )
 
     class Meta:
         model = Reschedule
@@ -158,17 +164,17 @@ class RescheduleSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class ApproveOneSerializer(serializers.Serializer):
-    version = serializers.IntegerField(
-        required=False, min_value=1, help_text="the version you saw; 412 if stale"
+class ApproveOneSerializer(StrictSerializer):
+    version = StrictIntegerField(
+        required=False, min_value=1, max_value=INT32_MAX, help_text="the version you saw; 412 if stale"
     )
 
 
-class ApproveManySerializer(serializers.Serializer):
+class ApproveManySerializer(StrictSerializer):
     ids = serializers.ListField(
-        child=serializers.IntegerField(min_value=1), required=False, max_length=10_000
+        child=StrictIntegerField(min_value=1, max_value=INT64_MAX), required=False, max_length=10_000
     )
-    group = serializers.CharField(required=False)
+    group = serializers.CharField(required=False, max_length=100)
 
     def validate(self, attrs):
         if bool(attrs.get("ids")) == bool(attrs.get("group")):
@@ -186,7 +192,11 @@ class ApprovalResultSerializer(serializers.Serializer):
     new_instance = serializers.CharField(allow_null=True)
 
 
-class RejectSerializer(serializers.Serializer):
+class ApprovalResultsSerializer(serializers.Serializer):
+    results = ApprovalResultSerializer(many=True)
+
+
+class RejectSerializer(StrictSerializer):
     reason = serializers.CharField(max_length=300, required=False, allow_blank=True, default="")
 
 
@@ -235,7 +245,7 @@ class RescheduleViewSet(viewsets.ReadOnlyModelViewSet):
     @extend_schema(
         operation_id="reschedules_approve_many",
         request=ApproveManySerializer,
-        responses={200: ApprovalResultSerializer(many=True)},
+        responses={200: ApprovalResultsSerializer, 404: OpenApiResponse(description="no such group")},
     )
     @action(detail=False, methods=["post"], url_path="approve")
     def approve_many(self, request):
@@ -256,19 +266,43 @@ class RescheduleViewSet(viewsets.ReadOnlyModelViewSet):
 
 
 def _int_pk(pk) -> int:
-    try:
-        return int(pk)
-    except (TypeError, ValueError):
-        raise NotFound(f"reschedule {pk} does not exist") from None
+    if not _is_id(str(pk)):
+        raise NotFound(f"reschedule {pk} does not exist")
+    return int(pk)
 
 
-class GroupSerializer(serializers.ModelSerializer):
+def _is_id(value: str) -> bool:
+    """Whether a path or query value is a database id: ASCII digits within `bigint` ("²".isdigit() is True and
+    int("²") raises; an id past 2^63 - 1 overflowed the database driver: both were 500s)."""
+    return value.isascii() and value.isdigit() and 1 <= int(value) <= INT64_MAX
+
+
+MAX_GROUP_LEASES = 1000
+
+
+class GroupSerializer(StrictModelSerializer):
     leases = serializers.PrimaryKeyRelatedField(many=True, queryset=Lease.objects.all(), required=False)
+    hard = StrictBooleanField(required=False, default=True)
+    # At least one (a CHECK constraint: 0 was a 500), at most what the `integer` column holds, and the schema says so.
+    max_per_node = StrictIntegerField(
+        required=False,
+        default=1,
+        min_value=1,
+        max_value=INT32_MAX,
+        help_text="anti-affinity: members allowed on one node",
+    )
 
     class Meta:
         model = Group
         fields = ["id", "name", "policy", "hard", "max_per_node", "leases", "created_at"]
         read_only_fields = ["id", "created_at"]
+
+    def to_internal_value(self, data):
+        # Checked before the field looks each id up: one query per id, so the length is bounded first.
+        leases = data.get("leases") if isinstance(data, dict) else None
+        if isinstance(leases, list) and len(leases) > MAX_GROUP_LEASES:
+            raise serializers.ValidationError({"leases": [f"At most {MAX_GROUP_LEASES} leases in a group."]})
+        return super().to_internal_value(data)
 
     def validate(self, attrs):
         policy = attrs.get("policy", getattr(self.instance, "policy", None))
@@ -312,8 +346,8 @@ class GroupViewSet(viewsets.ModelViewSet):
 
 
 class AlertSerializer(serializers.ModelSerializer):
-    instance = serializers.CharField(source="instance.iid", default=None, read_only=True)
-    node = serializers.CharField(source="node.name", default=None, read_only=True)
+    instance = serializers.CharField(source="instance.iid", default=None, read_only=True, allow_null=True)
+    node = serializers.CharField(source="node.name", default=None, read_only=True, allow_null=True)
 
     class Meta:
         model = Alert
@@ -335,10 +369,9 @@ class AlertViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
     def resolve(self, request, pk=None):
         data = RejectSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        try:
-            alert_id = int(pk)
-        except (TypeError, ValueError):
-            raise NotFound(f"alert {pk} does not exist") from None
+        if not _is_id(str(pk)):
+            raise NotFound(f"alert {pk} does not exist")
+        alert_id = int(pk)
         alert = recovery.do_resolve_alert(
             request.user, alert_id, now=timezone.now(), reason=data.validated_data["reason"]
         )

@@ -2,23 +2,46 @@
 
 from __future__ import annotations
 
+import re
+from datetime import timedelta
+
 from django.utils import timezone
 from rest_framework import serializers
 
+from fleet.api.serializers import MAX_CPU_CORES, MAX_DISK_GIB, MAX_MEM_MIB
 from fleet.models import Node, PlacementReport
 from leases.models import Group, Lease, LeaseEvent, LeaseType, Reservation
-from slotkeeper.fields import CapabilityField, StrictFloatField, StrictIntegerField
+from slotkeeper.fields import (
+    INT64_MAX,
+    LATEST_TIME,
+    BoundedDateTimeField,
+    BoundedJSONDictField,
+    CapabilityField,
+    StrictBooleanField,
+    StrictFloatField,
+    StrictIntegerField,
+    json_blob_problem,
+)
+from slotkeeper.serializers import StrictSerializer
 
 MAX_DURATION_S = 366 * 24 * 3600
+# How far ahead an advance reservation may start. The scheduler adds durations and overheads to a start; a start in
+# year 9999 overflowed `datetime` (a 500), and no one books a machine a century ahead.
+MAX_START_AHEAD = timedelta(days=10 * 366)
+# The driver spec is copied into every assignment the agent reads: bounded, as 2.3 MB of `env` was accepted.
+MAX_ARG = 4096
+MAX_ENV_VARS = 200
+MAX_SPEC_BYTES = 64 * 1024
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")
 
 
-class VNodeSerializer(serializers.Serializer):
-    cpu_cores = StrictFloatField(min_value=0, max_value=4096, required=False, default=1)
-    mem_mib = StrictIntegerField(min_value=1)
-    disk_gib = StrictIntegerField(min_value=0, required=False, default=0)
+class VNodeSerializer(StrictSerializer):
+    cpu_cores = StrictFloatField(min_value=0, max_value=MAX_CPU_CORES, required=False, default=1)
+    mem_mib = StrictIntegerField(min_value=1, max_value=MAX_MEM_MIB)
+    disk_gib = StrictIntegerField(min_value=0, max_value=MAX_DISK_GIB, required=False, default=0)
 
 
-class RestartPolicySerializer(serializers.Serializer):
+class RestartPolicySerializer(StrictSerializer):
     max_restarts = StrictIntegerField(min_value=0, max_value=1000, required=False)
     window_s = StrictFloatField(min_value=1, max_value=7 * 86400, required=False)
     backoff_initial_s = StrictFloatField(min_value=0, max_value=3600, required=False)
@@ -30,31 +53,53 @@ class RestartPolicySerializer(serializers.Serializer):
         return attrs
 
 
-class DriverSpecSerializer(serializers.Serializer):
-    command = serializers.ListField(child=serializers.CharField(), required=False, max_length=200)
-    env = serializers.DictField(child=serializers.CharField(allow_blank=True), required=False)
-    cwd = serializers.CharField(required=False, allow_null=True)
+class DriverSpecSerializer(StrictSerializer):
+    command = serializers.ListField(
+        child=serializers.CharField(max_length=MAX_ARG), required=False, max_length=200
+    )
+    env = serializers.DictField(
+        child=serializers.CharField(allow_blank=True, max_length=MAX_ARG), required=False
+    )
+    cwd = serializers.CharField(required=False, allow_null=True, max_length=MAX_ARG)
     stop_grace_s = StrictFloatField(min_value=0, max_value=3600, required=False)
-    sim = serializers.DictField(required=False)
+    sim = BoundedJSONDictField(max_bytes=4096, max_depth=4, required=False)
+
+    def validate_env(self, env: dict) -> dict:
+        if len(env) > MAX_ENV_VARS:
+            raise serializers.ValidationError(f"At most {MAX_ENV_VARS} variables (got {len(env)}).")
+        bad = sorted(name for name in env if not ENV_NAME_RE.match(name))[:5]
+        if bad:
+            raise serializers.ValidationError(
+                f"Variable names are letters, digits and '_', not starting with a digit: {', '.join(map(repr, bad))}."
+            )
+        return env
+
+    def validate(self, attrs):
+        if problem := json_blob_problem(attrs, max_bytes=MAX_SPEC_BYTES, max_depth=8):
+            raise serializers.ValidationError(problem)
+        return attrs
 
 
-class LeaseCreateSerializer(serializers.Serializer):
+class LeaseCreateSerializer(StrictSerializer):
     name = serializers.CharField(max_length=200)
     type = serializers.ChoiceField(choices=LeaseType.choices)
-    start = serializers.DateTimeField(required=False, allow_null=True, default=None)
+    start = BoundedDateTimeField(required=False, allow_null=True, default=None)
     duration_s = StrictFloatField(min_value=1, max_value=MAX_DURATION_S)
     nodes = VNodeSerializer(many=True, allow_empty=False, max_length=1000)
     capabilities = serializers.ListField(child=CapabilityField(), required=False, default=list, max_length=50)
-    preemptible = serializers.BooleanField(required=False, default=True)
-    groups = serializers.ListField(child=serializers.SlugField(), required=False, default=list, max_length=20)
-    migratable = serializers.BooleanField(required=False, default=True)
+    preemptible = StrictBooleanField(required=False, default=True)
+    groups = serializers.ListField(
+        child=serializers.SlugField(max_length=100), required=False, default=list, max_length=20
+    )
+    migratable = StrictBooleanField(required=False, default=True)
     restart_policy = RestartPolicySerializer(required=False, default=dict)
     max_reschedules = StrictIntegerField(min_value=0, max_value=1000, required=False, default=5)
-    auto_approve_reschedules = serializers.BooleanField(required=False, default=False)
+    auto_approve_reschedules = StrictBooleanField(required=False, default=False)
     driver = serializers.ChoiceField(choices=["sim", "process"], required=False, default="sim")
     spec = DriverSpecSerializer(required=False, default=dict)
     real_duration_s = StrictFloatField(
         min_value=0,
+        max_value=MAX_DURATION_S,
         required=False,
         allow_null=True,
         default=None,
@@ -68,6 +113,10 @@ class LeaseCreateSerializer(serializers.Serializer):
                 raise serializers.ValidationError({"start": "An advance reservation needs its exact start."})
             if attrs["start"] < now:
                 raise serializers.ValidationError({"start": f"{attrs['start'].isoformat()} is in the past."})
+            if attrs["start"] > now + MAX_START_AHEAD:
+                raise serializers.ValidationError(
+                    {"start": f"An advance reservation starts at most {MAX_START_AHEAD.days} days ahead."}
+                )
         elif attrs["start"] is not None:
             raise serializers.ValidationError({"start": "Only an advance reservation takes a start time."})
         self._check_sizes(attrs["nodes"])
@@ -148,7 +197,7 @@ class ReportBriefSerializer(serializers.ModelSerializer):
 
 class LeaseSerializer(serializers.ModelSerializer):
     nodes = serializers.JSONField(source="vnodes", read_only=True)
-    start = serializers.DateTimeField(source="requested_start", read_only=True)
+    start = serializers.DateTimeField(source="requested_start", read_only=True, allow_null=True)
 
     class Meta:
         model = Lease
@@ -202,21 +251,32 @@ class LeaseDetailSerializer(LeaseSerializer):
         return ReportBriefSerializer(reports, many=True).data
 
 
-class CancelSerializer(serializers.Serializer):
+class CancelSerializer(StrictSerializer):
     reason = serializers.CharField(max_length=300, required=False, allow_blank=True, default="")
 
 
 class SlotWindowSerializer(serializers.Serializer):
-    start = serializers.DateTimeField(required=False)
-    end = serializers.DateTimeField(required=False)
-    node = serializers.IntegerField(required=False, min_value=1)
+    """The query string of GET /api/slots/ (not strict: a query string may carry `limit` and friends)."""
+
+    start = BoundedDateTimeField(required=False)
+    end = BoundedDateTimeField(required=False)
+    node = serializers.IntegerField(required=False, min_value=1, max_value=INT64_MAX)
 
     def validate(self, attrs):
         now = timezone.now()
         attrs.setdefault("start", now - timezone.timedelta(hours=1))
-        attrs.setdefault("end", attrs["start"] + timezone.timedelta(hours=25))
+        # start < LATEST_TIME (year 9000), so the default end cannot overflow (it did at 9999-12-31T20:00Z).
+        attrs.setdefault("end", min(attrs["start"] + timezone.timedelta(hours=25), LATEST_TIME))
         if attrs["end"] <= attrs["start"]:
             raise serializers.ValidationError({"end": "The window's end must be after its start."})
         if attrs["end"] - attrs["start"] > timezone.timedelta(days=31):
             raise serializers.ValidationError({"end": "A window is at most 31 days long."})
         return attrs
+
+
+class SlotWindowResponseSerializer(serializers.Serializer):
+    """What GET /api/slots/ answers: the window it used (defaults filled in) and the reservations in it."""
+
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField()
+    reservations = ReservationSerializer(many=True)

@@ -108,7 +108,7 @@ class SlotsView(APIView):
             OpenApiParameter("end", str, description="ISO time; default 25 h after start"),
             OpenApiParameter("node", int, description="only reservations on this node"),
         ],
-        responses={200: s.ReservationSerializer(many=True)},
+        responses={200: s.SlotWindowResponseSerializer},
     )
     def get(self, request):
         ser = s.SlotWindowSerializer(data=request.query_params)

@@ -127,6 +127,13 @@ def test_the_log_tail_reads_only_the_last_lines_and_cuts_long_ones(tmp_path):
     assert read_tail(tmp_path / "missing.log", 5) == []
 
 
+def test_a_nul_byte_in_the_log_reaches_the_server_as_a_replacement_character(tmp_path):
+    # The server refuses NUL in a heartbeat (400): left in, one binary write would fail every heartbeat of the node.
+    log = tmp_path / "x.log"
+    log.write_bytes(b"ok\nbinary\x00junk\n")
+    assert read_tail(log, 2) == ["ok", "binary\ufffdjunk"]
+
+
 def sim(crash_after_s: float | None = None) -> Assignment:
     return Assignment(
         "9-0-0", 0, "running", "sim", Spec(sim=SimSpec(crash_after_s=crash_after_s, exit_code=2))

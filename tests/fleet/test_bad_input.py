@@ -1,0 +1,167 @@
+"""Hostile input to the fleet API and to the API's transport (body, query, path): always a 400 (or 404/413/415)
+that names the problem, never a 500, and a refused request changes nothing.
+
+Each case is one the outside tester's schemathesis run found: a 500 (the first comment of each block says which
+database) or nonsense the API accepted.
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.db import IntegrityError, transaction
+
+from fleet.models import HealthSample, Node, PlacementReport
+from tests.conftest import healthy
+
+pytestmark = pytest.mark.django_db
+
+NEW_NODE = {"name": "architect", "cpu_cores": 16, "mem_total_mib": 65536, "disk_total_gib": 900}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"mem_total_mib": 2**31}, "mem_total_mib"),  # 500 on PostgreSQL (integer column)
+        ({"mem_total_mib": 2**63}, "mem_total_mib"),  # 500 on SQLite too
+        ({"disk_free_gib": 1e308}, "disk_free_gib"),  # was shown on the board
+        ({"load1": 1e308}, "load1"),
+        ({"instances": [{"id": "1-1-0", "status": "exited", "exit_code": 1e20}]}, "instances"),
+        ({"instances": [{"id": "1-1-0", "gpus": 8}]}, "instances"),
+        ({"instances": ["1-1-0\x00"]}, "instances"),  # jsonb refuses NUL: 500 on PostgreSQL
+        ({"instances": ["x" * 101]}, "instances"),
+        ({"instances": [{"id": "1-1-0", "log_tail": ["x" * 5000]}]}, "instances"),
+        ({"gpu_temp_c": 80}, "gpu_temp_c"),  # unknown: was dropped silently
+    ],
+)
+def test_a_hostile_heartbeat_is_a_400_naming_the_field_and_stores_nothing(register_node, overrides, field):
+    node, agent = register_node()
+    response = agent.post(f"/api/nodes/{node.pk}/heartbeat", {**healthy(), **overrides}, format="json")
+    assert response.status_code == 400, response.content
+    assert field in response.json()
+    node.refresh_from_db()
+    assert node.last_heartbeat_at is None
+    assert node.obs_load1 is None
+    assert not HealthSample.objects.exists()
+
+
+def test_an_unknown_field_in_a_node_registration_is_a_400_naming_it(operator):
+    response = operator.post("/api/nodes/", {**NEW_NODE, "gpus": 8}, format="json")
+    assert response.status_code == 400, response.content
+    assert response.json() == {"gpus": ["Unknown field: this API does not take it."]}
+    assert not Node.objects.exists()
+
+
+class TestNamesIgnoringCase:
+    def test_a_name_differing_only_in_case_is_a_400(self, operator, register_node):
+        register_node(name="architect")
+        response = operator.post("/api/nodes/", {**NEW_NODE, "name": "Architect"}, format="json")
+        assert response.status_code == 400
+        assert "differs only in case" in response.json()["name"][0]
+        assert list(Node.objects.values_list("name", flat=True)) == ["architect"]
+
+    def test_a_rename_onto_another_nodes_name_in_other_case_is_a_400(self, admin, register_node):
+        register_node(name="tank")
+        morpheus, _ = register_node(name="morpheus")
+        response = admin.patch(f"/api/nodes/{morpheus.pk}/", {"name": "TANK"}, format="json")
+        assert response.status_code == 400
+        morpheus.refresh_from_db()
+        assert morpheus.name == "morpheus"
+
+    def test_a_node_may_change_the_case_of_its_own_name(self, admin, register_node):
+        tank, _ = register_node(name="tank")
+        response = admin.patch(f"/api/nodes/{tank.pk}/", {"name": "Tank"}, format="json")
+        assert response.status_code == 200, response.content
+        assert response.json()["name"] == "Tank"
+
+    def test_the_database_refuses_it_too_when_two_requests_race(self, register_node):
+        register_node(name="tank")
+        with pytest.raises(IntegrityError), transaction.atomic():
+            Node.objects.create(name="TANK", cpu_cores=1, mem_total_mib=1, disk_total_gib=0, token_digest="x")
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"mem_mib": 2**40}, "mem_mib"),
+        ({"mem_mib": 1024, "cpu_cores": 1e308}, "cpu_cores"),
+        ({"mem_mib": 1024, "preferred_node": "x" * 101}, "preferred_node"),
+        ({"mem_mib": 1024, "gpus": 1}, "gpus"),
+    ],
+)
+def test_a_hostile_placement_preview_is_a_400_and_records_no_report(operator, body, field):
+    response = operator.post("/api/placement/preview", body, format="json")
+    assert response.status_code == 400, response.content
+    assert field in response.json()
+    assert not PlacementReport.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"reason": "disk", "deadline": "9999-12-31T23:59:59Z"}, "deadline"),
+        ({"reason": "disk", "urgent": True}, "urgent"),
+    ],
+)
+def test_a_hostile_drain_is_a_400_and_the_node_stays_as_it_was(operator, register_node, body, field):
+    node, _ = register_node()
+    response = operator.post(f"/api/nodes/{node.pk}/drain", body, format="json")
+    assert response.status_code == 400, response.content
+    assert field in response.json()
+    node.refresh_from_db()
+    assert node.status != "draining"
+
+
+class TestTransport:
+    def test_json_nested_50000_deep_is_a_400(self, operator):
+        body = "[" * 50_000 + "]" * 50_000
+        response = operator.generic("POST", "/api/nodes/", body, content_type="application/json")
+        assert response.status_code == 400
+        assert "JSON parse error" in response.json()["detail"]
+
+    def test_json_deeper_than_32_levels_is_a_400(self, operator):
+        nested: dict = {}
+        for _ in range(40):
+            nested = {"x": nested}
+        response = operator.post("/api/nodes/", {**NEW_NODE, "capabilities": [nested]}, format="json")
+        assert response.status_code == 400
+        assert "nested deeper than 32" in response.json()["detail"]
+        assert not Node.objects.exists()
+
+    def test_a_body_larger_than_the_server_reads_is_a_413(self, operator, settings):
+        settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
+        response = operator.post("/api/nodes/", {**NEW_NODE, "name": "a", "pad": "x" * 2000}, format="json")
+        assert response.status_code == 413
+        assert not Node.objects.exists()
+
+    def test_a_form_body_is_a_415(self, operator):
+        response = operator.post("/api/nodes/", NEW_NODE)  # multipart, as a browser form would send it
+        assert response.status_code == 415
+        assert not Node.objects.exists()
+
+    def test_a_huge_limit_is_clamped_not_a_500(self, viewer, register_node):
+        register_node()
+        response = viewer.get("/api/nodes/", {"limit": str(10**30)})
+        assert response.status_code == 200
+        assert [n["name"] for n in response.json()["results"]] == ["tank"]
+
+    @pytest.mark.parametrize(
+        "url",
+        ["/api/nodes/?q=a%00b", "/api/nodes/?status=online%00", "/api/groups/a%00b/", "/api/nodes/?%00=1"],
+    )
+    def test_a_nul_in_the_query_or_path_is_a_400(self, viewer, url):
+        response = viewer.get(url)
+        assert response.status_code == 400
+        assert "NUL" in response.json()["detail"]
+
+
+def test_the_agents_own_heartbeat_with_generations_is_accepted(register_node):
+    # The real agent sends each instance's `generation` (fleet/agent/agent.py `_line`): refusing unknown fields
+    # must not refuse the agent's own report.
+    from fleet.agent.agent import _line
+
+    node, agent = register_node()
+    line = _line("1-1-0", "running", 0, ["booted"], "")
+    response = agent.post(f"/api/nodes/{node.pk}/heartbeat", healthy(instances=[line]), format="json")
+    assert response.status_code == 200, response.content
+    node.refresh_from_db()
+    assert [i["id"] for i in node.reported_instances] == ["1-1-0"]
