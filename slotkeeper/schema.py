@@ -41,6 +41,11 @@ ERROR_DESCRIPTIONS = {
     "409": ("Error", "conflicts with the current state; nothing changed"),
     "413": ("Error", "the request body is larger than the server reads"),
     "415": ("Error", "the request body is not JSON"),
+    "503": (
+        "Error",
+        "the scheduler is busy: its plan lock was not free in time (see the Retry-After header); nothing changed, "
+        "send it again",
+    ),
 }
 WRITE_METHODS = {"post", "put", "patch", "delete"}
 
@@ -50,7 +55,8 @@ def error_codes(method: str, operation: dict) -> list[str]:
     if any(p.get("in") == "path" for p in operation.get("parameters", [])):
         codes.append("404")
     if method in WRITE_METHODS:
-        codes.append("409")
+        # Every write may wait for the plan lock (or the database's write lock), and that wait is bounded.
+        codes += ["409", "503"]
     if "requestBody" in operation:
         codes += ["413", "415"]
     return codes
@@ -69,7 +75,7 @@ def document_error_responses(result, generator, request, public):
                 response = responses.setdefault(code, {"description": description})
                 response.setdefault("content", _json_ref(component))
             for code, response in responses.items():
-                if code.startswith("4"):  # an error a view documented by description alone (412, 409)
+                if code[0] in "45":  # an error a view documented by description alone (412, 409)
                     response.setdefault("content", _json_ref("Error"))
             operation["responses"] = dict(sorted(responses.items()))
     return result
