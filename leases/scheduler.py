@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from functools import lru_cache
 
 from leases.lifecycle import LeaseState, lease_transition
-from leases.slottable import Res, Reservation, SlotTable
+from leases.slottable import Res, Reservation, RoomCounts, SlotTable
 
 BEST_EFFORT = "best_effort"
 ADVANCE_RESERVATION = "advance_reservation"
@@ -297,8 +297,10 @@ class Scheduler:
         self._free: dict[float, dict[int, Res]] = {}
         self._views: dict[float, dict[int, tuple[int, float]]] = {}
         self._fit_memo: dict[tuple[int, Res, float], float] = {}
-        self._room: dict[tuple[float, Res], int] = {}
-        self._full: dict[float, bool] = {}
+        self._room = RoomCounts()
+        # Per lease id: the smallest vnode, and the suspend/resume estimates, asked for at every queue pass.
+        self._smallest: dict[int, Res] = {}
+        self._estimates: dict[tuple[int, float, float | None], float] = {}
 
     # -- public API ----------------------------------------------------------------------------------------
 
@@ -350,11 +352,14 @@ class Scheduler:
         """Apply every reservation start/end and early end at or before `now`, in time order, then the queue."""
         if (excluded or {}) != self._excluded:
             self._room.clear()
-            self._full.clear()
         self._excluded = excluded or {}
         if now > self._now:
-            self._free.clear()
-            self._views.clear()
+            # Answers about instants still ahead stay valid (a change drops the touched nodes' entries);
+            # nothing is ever asked about an instant before now again.
+            for cache in (self._free, self._views):
+                for t in [t for t in cache if t < now]:
+                    del cache[t]
+            self._room.forget_before(now)
         self._now = max(self._now, now)
         self.replaced = self._recheck_due(now) if self._excluded else []
         self._run_events(now)
@@ -522,10 +527,13 @@ class Scheduler:
         self._queue = waiting
 
     def _cpu_full(self, now: float) -> bool:
-        full = self._full.get(now)
-        if full is None:
-            full = self._full[now] = all(self._free_at(n, now).cpu <= 0 for n in self._usable_nodes())
-        return full
+        # The free CPU summed over the usable nodes is 0 exactly when every node's CPU is taken.
+        if not self._excluded:
+            return self.table.total_free_at(now).cpu <= 0
+        return self._room.total(now, _ONE_CPU, self._usable_nodes(), self._counter(_ONE_CPU, now)) == 0
+
+    def _counter(self, unit: Res, t: float) -> Callable[[int], int]:
+        return lambda n: self.table.copies_at(n, unit, t)
 
     def _free_at(self, node: int, t: float) -> Res:
         free = self._free.setdefault(t, {})
@@ -568,17 +576,22 @@ class Scheduler:
 
         Without it a long queue re-runs the full mapper over every node at every event (the 30-day Blue
         Horizon replay spent most of its time there)."""
-        smallest = _smallest(req.vnodes)
+        smallest = self._smallest_of(req)
+        # The fleet's total free capacity bounds how many copies fit on its nodes: most instants fail here.
+        if _copies(smallest, self.table.total_free_at(at)) < len(req.vnodes):
+            return False
+        count = self._counter(smallest, at)
         if only is None:
-            key = (at, smallest)
-            room = self._room.get(key)
-            if room is None:
-                room = self._room[key] = sum(
-                    _copies(smallest, self._free_at(n, at)) for n in self._usable_nodes()
-                )
+            room = self._room.total(at, smallest, self._usable_nodes(), count)
         else:
-            room = sum(_copies(smallest, self._free_at(n, at)) for n in self._usable_nodes() if n in only)
+            room = self._room.subtotal(at, smallest, self._usable_nodes(), only, count)
         return room >= len(req.vnodes)
+
+    def _smallest_of(self, req: LeaseRequest) -> Res:
+        got = self._smallest.get(req.id)
+        if got is None:
+            got = self._smallest[req.id] = _smallest(req.vnodes)
+        return got
 
     def _future_points(self, now: float) -> list[float]:
         """The ends of every lease's current plan after `now`, sorted (§2.5, §10 Q16): the only instants at
@@ -888,7 +901,7 @@ class Scheduler:
             return nodes
         # A node where not even the smallest vnode fits at `start` can take nothing, so it is left out before
         # scoring: on a busy fleet this skips most of the per-node work of every mapping attempt.
-        smallest = _smallest(req.vnodes)
+        smallest = self._smallest_of(req)
         free = (
             (lambda n: self._free_at(n, start))
             if table is self.table
@@ -923,8 +936,14 @@ class Scheduler:
 
     def _estimate(self, req: LeaseRequest, rate: float, override: float | None) -> float:
         """Whole-lease suspend or resume estimate: one VM after another (Q5, the 1.1 formula)."""
-        overhead = self.config.enactment_overhead
-        return sum(self._op_time(v.mem, rate, override) + overhead for v in req.vnodes)
+        key = (req.id, rate, override)
+        got = self._estimates.get(key)
+        if got is None:
+            overhead = self.config.enactment_overhead
+            got = self._estimates[key] = sum(
+                self._op_time(v.mem, rate, override) + overhead for v in req.vnodes
+            )
+        return got
 
     def _threshold(self, req: LeaseRequest, resuming: bool) -> float:
         """The shortest run worth starting or keeping (§3.9); 0 without suspension (Q17)."""
@@ -1082,8 +1101,7 @@ class Scheduler:
             for view in self._views.values():
                 view.pop(node, None)
         self._fit_memo.clear()
-        self._room.clear()
-        self._full.clear()
+        self._room.touch(nodes)
 
     def _journal(self, now: float, r: ReservationRecord, what: str) -> None:
         snapshot = replace(r, nodes=dict(r.nodes), sources=dict(r.sources))
@@ -1228,6 +1246,9 @@ def _copies(unit: Res, free: Res) -> int:
         if want > 0:
             best = min(best, have // want)
     return max(0, best)
+
+
+_ONE_CPU = Res(cpu=1)
 
 
 @lru_cache(maxsize=4096)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import operator
 from bisect import bisect_left, bisect_right, insort
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import ClassVar, TypeVar
@@ -400,6 +400,19 @@ class SlotTable:
         self._owned: set[int] = set(self.nodes)
         self._index = _Index()
         self._index_owned = True
+        # The whole fleet's usage as one step function: "is there room for n copies at t" has a one-bisection
+        # upper bound (total_free_at), which rules out most candidate instants without looking at any node.
+        self._total = _Line()
+        self._total_owned = True
+        self._total_cap: _Vec = _ZERO_VEC
+        for cap in self._caps.values():
+            self._total_cap = (
+                self._total_cap[0] + cap[0],
+                self._total_cap[1] + cap[1],
+                self._total_cap[2] + cap[2],
+                self._total_cap[3] + cap[3],
+                self._total_cap[4] + cap[4],
+            )
 
     # -- reading -------------------------------------------------------------------------------------------
 
@@ -435,6 +448,21 @@ class SlotTable:
         found = [r for r in pool if r.overlaps(lo, hi) and (lease_id is None or r.lease_id == lease_id)]
         found.sort(key=lambda r: (r.start, r.rid))
         return found
+
+    def total_free_at(self, t: float) -> Res:
+        """Free capacity at t summed over every node: no need larger than this fits at t, split or not."""
+        return _res(_minus(self._total_cap, self._total.level_at(t)))
+
+    def copies_at(self, node: int, unit: Res, t: float) -> int:
+        """How many copies of `unit` fit on the node at t (1 << 30 for a unit asking nothing); no Res is built,
+        because the scheduler asks this for every node at every candidate instant."""
+        level = self._line(node).level_at(t)
+        cap = self._caps[node]
+        best = 1 << 30
+        for d, want in enumerate((unit.cpu, unit.mem, unit.disk, unit.net_in, unit.net_out)):
+            if want > 0:
+                best = min(best, (cap[d] - level[d]) // want)
+        return max(0, best)
 
     def used_at(self, node: int, t: float) -> Res:
         return _res(self._line(node).level_at(t))
@@ -558,12 +586,14 @@ class SlotTable:
             self._check_room(node, use, r.start, r.end)
         for node, use in r.alloc.items():
             self._writable_line(node).add(r.rid, r.start, r.end, _vec(use))
+        self._writable_total().add(r.rid, r.start, r.end, _vec(_sum(r.alloc.values())))
         self._writable_index().add(r)
 
     def remove(self, rid: int) -> Reservation:
         r = self._index.by_rid[rid]
         for node, use in r.alloc.items():
             self._writable_line(node).remove(rid, r.start, r.end, _vec(use))
+        self._writable_total().remove(rid, r.start, r.end, _vec(_sum(r.alloc.values())))
         self._writable_index().remove(r)
         return r
 
@@ -583,9 +613,12 @@ class SlotTable:
         other.nodes = self.nodes
         other._lines = self._lines.copy()
         other._index = self._index
+        other._total = self._total
+        other._total_cap = self._total_cap
         # Both sides now share everything, so both must clone what they write to first.
         other._owned, self._owned = set(), set()
         other._index_owned = self._index_owned = False
+        other._total_owned = self._total_owned = False
         return other
 
     # -- internals -----------------------------------------------------------------------------------------
@@ -606,6 +639,12 @@ class SlotTable:
             self._owned.add(node)
         return self._lines[node]
 
+    def _writable_total(self) -> _Line:
+        if not self._total_owned:
+            self._total = self._total.clone()
+            self._total_owned = True
+        return self._total
+
     def _writable_index(self) -> _Index:
         if not self._index_owned:
             self._index = self._index.clone()
@@ -624,6 +663,70 @@ class SlotTable:
         raise Overcommit(node, instant, use, self.available_at(node, instant))
 
 
+def _sum(uses: Iterable[Res]) -> Res:
+    total = Res.ZERO
+    for use in uses:
+        total = total + use
+    return total
+
+
 def _check_interval(start: float, end: float) -> None:
     if end < start:
         raise ValueError(f"interval ends ({end}) before it starts ({start})")
+
+
+class RoomCounts:
+    """Per instant and unit: how many copies of the unit fit on each node, and their total, kept across table
+    changes by recounting only the nodes a change touched.
+
+    The scheduler asks "could this lease start at t at all" for every queued lease at every event; summing
+    over all 144 Blue Horizon nodes each time, after every change had wiped the answers, was the top of the
+    30-day replay's profile (docs/BENCHMARKS.md). The counts come from the caller (`count(node)`), so this
+    knows nothing about resources; the caller says which nodes a change touched and which instants are over.
+    """
+
+    __slots__ = ("_entries",)
+
+    def __init__(self) -> None:
+        # (t, unit) -> [total, {node: copies}, nodes recounted on the next ask]
+        self._entries: dict[tuple[float, Res], tuple[list[int], dict[int, int], set[int]]] = {}
+
+    def total(self, t: float, unit: Res, nodes: Iterable[int], count: Callable[[int], int]) -> int:
+        """Σ count(node) over `nodes` (the same nodes every time until `clear`)."""
+        key = (t, unit)
+        entry = self._entries.get(key)
+        if entry is None:
+            per = {n: count(n) for n in nodes}
+            entry = self._entries[key] = ([sum(per.values())], per, set())
+            return entry[0][0]
+        acc, per, dirty = entry
+        if dirty:
+            for n in dirty:
+                c = per[n] = count(n)
+                acc[0] += c
+            dirty.clear()
+        return acc[0]
+
+    def subtotal(
+        self, t: float, unit: Res, nodes: Iterable[int], only: Iterable[int], count: Callable[[int], int]
+    ) -> int:
+        """Σ count(node) over the nodes of `only` that are among `nodes`."""
+        self.total(t, unit, nodes, count)
+        per = self._entries[(t, unit)][1]
+        return sum(per.get(n, 0) for n in only)
+
+    def touch(self, nodes: Iterable[int]) -> None:
+        nodes = tuple(nodes)
+        for acc, per, dirty in self._entries.values():
+            for n in nodes:
+                c = per.get(n)
+                if c is not None and n not in dirty:
+                    acc[0] -= c
+                    dirty.add(n)
+
+    def forget_before(self, t: float) -> None:
+        for key in [k for k in self._entries if k[0] < t]:
+            del self._entries[key]
+
+    def clear(self) -> None:
+        self._entries.clear()
