@@ -295,9 +295,12 @@ class Scheduler:
         # Per-instant, per-node caches of what the mapper asks again and again during one queue pass; a change
         # to the table drops only the entries of the nodes it touched.
         self._free: dict[float, dict[int, Res]] = {}
-        self._views: dict[float, dict[int, tuple[int, float]]] = {}
+        # Per node: (from, until, leases, next change): the host-score summary holds for every instant in
+        # [from, until), the span up to the node's next reservation start or end, until a change touches it.
+        self._views: dict[int, tuple[float, float, int, float]] = {}
         self._fit_memo: dict[tuple[int, Res, float], float] = {}
         self._room = RoomCounts()
+        self._fleet = tuple(self.table.capacity(n) for n in self.table.nodes)  # fixed for a scheduler's life
         # Per lease id: the smallest vnode, and the suspend/resume estimates, asked for at every queue pass.
         self._smallest: dict[int, Res] = {}
         self._estimates: dict[tuple[int, float, float | None], float] = {}
@@ -356,9 +359,8 @@ class Scheduler:
         if now > self._now:
             # Answers about instants still ahead stay valid (a change drops the touched nodes' entries);
             # nothing is ever asked about an instant before now again.
-            for cache in (self._free, self._views):
-                for t in [t for t in cache if t < now]:
-                    del cache[t]
+            for t in [t for t in self._free if t < now]:
+                del self._free[t]
             self._room.forget_before(now)
         self._now = max(self._now, now)
         self.replaced = self._recheck_due(now) if self._excluded else []
@@ -420,7 +422,7 @@ class Scheduler:
             return f"lease type {req.type} is not supported (best_effort, advance_reservation, immediate)"
         if not req.vnodes or req.duration <= 0:
             return "a lease needs at least one vnode and a positive duration"
-        if not _packs(req.vnodes, [self.table.capacity(n) for n in self.table.nodes]):
+        if not _packs(req.vnodes, self._fleet):
             return f"{len(req.vnodes)} vnode(s) of this size do not fit even on the whole, empty fleet"
         if req.type == ADVANCE_RESERVATION and self.config.policy_admission == "no-ARs":
             return "advance reservations are not admitted (policy-admission = no-ARs)"
@@ -902,12 +904,12 @@ class Scheduler:
         # A node where not even the smallest vnode fits at `start` can take nothing, so it is left out before
         # scoring: on a busy fleet this skips most of the per-node work of every mapping attempt.
         smallest = self._smallest_of(req)
-        free = (
-            (lambda n: self._free_at(n, start))
-            if table is self.table
-            else (lambda n: table.available_at(n, start))
-        )
-        nodes = [n for n in nodes if smallest.fits_in(free(n))]
+        if table is self.table:
+            # The room counts of _could_start already say, per node, how many smallest vnodes fit at `start`.
+            per = self._room.counts(start, smallest, self._usable_nodes(), self._counter(smallest, start))
+            nodes = [n for n in nodes if per[n] > 0]
+        else:
+            nodes = [n for n in nodes if smallest.fits_in(table.available_at(n, start))]
 
         def score(node: int) -> float:
             leases, change = (
@@ -920,11 +922,11 @@ class Scheduler:
         return sorted(nodes, key=lambda n: -score(n))
 
     def _summary(self, node: int, t: float) -> tuple[int, float]:
-        view = self._views.setdefault(t, {})
-        got = view.get(node)
-        if got is None:
-            got = view[node] = _summary(self.table, node, t)
-        return got
+        got = self._views.get(node)
+        if got is None or not got[0] <= t < got[1]:
+            leases, change, until = _summary_span(self.table, node, t)
+            got = self._views[node] = (t, until, leases, change)
+        return got[2], got[3]
 
     # -- suspend / resume / migrate / shutdown timing (§3.8, §3.12) ----------------------------------------
 
@@ -1098,8 +1100,7 @@ class Scheduler:
         for node in nodes:
             for free in self._free.values():
                 free.pop(node, None)
-            for view in self._views.values():
-                view.pop(node, None)
+            self._views.pop(node, None)
         self._fit_memo.clear()
         self._room.touch(nodes)
 
@@ -1257,7 +1258,8 @@ def _smallest(vnodes: tuple[Res, ...]) -> Res:
     return Res(*(min(getattr(v, f.name) for v in vnodes) for f in fields(Res)))
 
 
-def _packs(vnodes: Sequence[Res], capacities: list[Res]) -> bool:
+@lru_cache(maxsize=1024)  # a trace asks the same few shapes again and again; each check is O(vnodes x nodes)
+def _packs(vnodes: tuple[Res, ...], capacities: tuple[Res, ...]) -> bool:
     """First-fit, largest first, into empty nodes: a lease failing this could never run, and queueing it
     would keep a replay (or the live queue) waiting forever."""
     free = list(capacities)
@@ -1272,6 +1274,12 @@ def _packs(vnodes: Sequence[Res], capacities: list[Res]) -> bool:
 
 def _summary(table: SlotTable, node: int, t: float) -> tuple[int, float]:
     """At t on a node: how many leases are there, and when its availability or lease set next changes."""
+    leases, change, _ = _summary_span(table, node, t)
+    return leases, change
+
+
+def _summary_span(table: SlotTable, node: int, t: float) -> tuple[int, float, float]:
+    """_summary, plus the node's next reservation start or end after t: the answer holds until then."""
     rows = [(r.start, r.end, r.lease_id, r.alloc[node]) for r in table.reservations(start=t, node=node)]
 
     def state_at(x: float) -> tuple[Res, frozenset[int]]:
@@ -1288,7 +1296,7 @@ def _summary(table: SlotTable, node: int, t: float) -> tuple[int, float]:
     # Haizea's availability window, so only a real change of availability or of lease set counts.
     points = sorted({p for a, b, _, _ in rows for p in (a, b) if p > t})
     change = next((x for x in points if state_at(x) != now), math.inf)
-    return len(now[1]), change
+    return len(now[1]), change, points[0] if points else math.inf
 
 
 def _local_groups(

@@ -20,6 +20,7 @@ import operator
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from itertools import islice
 from typing import ClassVar, TypeVar
 
@@ -128,6 +129,7 @@ class Overcommit(Exception):
         self.available = available
 
 
+@lru_cache(maxsize=4096)  # few distinct (capacity, need) pairs, asked for every node of every mapping
 def _limit(capacity: _Vec, need: Res) -> tuple[_Vec, tuple[int, ...]] | None:
     """The highest usage level that still leaves room for `need`, and the dimensions worth checking.
 
@@ -468,7 +470,7 @@ class SlotTable:
         return _res(self._line(node).level_at(t))
 
     def available_at(self, node: int, t: float) -> Res:
-        return self.capacity(node) - self.used_at(node, t)
+        return _res(_minus(self._cap(node), self._line(node).level_at(t)))
 
     def fits(self, node: int, need: Res, start: float, end: float) -> bool:
         """Need fits for all of [start, end); on a zero-length interval, whether it fits at start."""
@@ -706,6 +708,13 @@ class RoomCounts:
                 acc[0] += c
             dirty.clear()
         return acc[0]
+
+    def counts(
+        self, t: float, unit: Res, nodes: Iterable[int], count: Callable[[int], int]
+    ) -> dict[int, int]:
+        """Per node, count(node), up to date; the caller must not change the dict."""
+        self.total(t, unit, nodes, count)
+        return self._entries[(t, unit)][1]
 
     def subtotal(
         self, t: float, unit: Res, nodes: Iterable[int], only: Iterable[int], count: Callable[[int], int]
