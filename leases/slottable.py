@@ -87,6 +87,10 @@ def _minus(a: _Vec, b: _Vec) -> _Vec:
     return (a[0] - b[0], a[1] - b[1], a[2] - b[2], a[3] - b[3], a[4] - b[4])
 
 
+def _plus(a: _Vec, b: _Vec) -> _Vec:
+    return (a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3], a[4] + b[4])
+
+
 def _lowest(a: _Vec, b: _Vec) -> _Vec:
     return (min(a[0], b[0]), min(a[1], b[1]), min(a[2], b[2]), min(a[3], b[3]), min(a[4], b[4]))
 
@@ -195,6 +199,15 @@ class _Line:
         k, j = self.first_segment(start), bisect_left(self.times, end)
         cols = self.cols
         return all(max(cols[d][k:j], default=0) <= lim[d] for d in dims)
+
+    def holds(self, start: float, end: float, cap: _Vec, use: _Vec) -> bool:
+        """Whether `use` fits under `cap` on every segment meeting [start, end) (end > start)."""
+        k, j = self.first_segment(start), bisect_left(self.times, end)
+        cols = self.cols
+        for d in range(5):
+            if use[d] > 0 and max(cols[d][k:j], default=0) > cap[d] - use[d]:
+                return False
+        return True
 
     def room(self, k: int, j: int | None, lim: _Vec, dims: tuple[int, ...]) -> bytes:
         """One byte per segment k..j-1 (k.. when j is None): 1 where its level leaves room within lim."""
@@ -584,18 +597,31 @@ class SlotTable:
         """Add a reservation, or raise Overcommit (and change nothing) if any node would exceed capacity."""
         if r.rid in self._index.by_rid:
             raise ValueError(f"reservation {r.rid} is already in the table")
-        for node, use in r.alloc.items():
-            self._check_room(node, use, r.start, r.end)
-        for node, use in r.alloc.items():
-            self._writable_line(node).add(r.rid, r.start, r.end, _vec(use))
-        self._writable_total().add(r.rid, r.start, r.end, _vec(_sum(r.alloc.values())))
+        # Vectors once, and the room check straight on the columns: a replay adds ~200,000 node rows, and going
+        # through fits() (a Res per node, a cached-limit lookup) was a fifth of the 30-day replay's time.
+        uses = [(node, _vec(use)) for node, use in r.alloc.items()]
+        for node, v in uses:
+            cap = self._cap(node)
+            if min(v) < 0:
+                raise ValueError(f"negative use {_res(v)} on node {node}")
+            if r.start != r.end and not self._lines[node].holds(r.start, r.end, cap, v):
+                instant = max(r.start, self.fits_until(node, _res(v), r.start))
+                raise Overcommit(node, instant, _res(v), self.available_at(node, instant))
+        total = _ZERO_VEC
+        for node, v in uses:
+            self._writable_line(node).add(r.rid, r.start, r.end, v)
+            total = _plus(total, v)
+        self._writable_total().add(r.rid, r.start, r.end, total)
         self._writable_index().add(r)
 
     def remove(self, rid: int) -> Reservation:
         r = self._index.by_rid[rid]
+        total = _ZERO_VEC
         for node, use in r.alloc.items():
-            self._writable_line(node).remove(rid, r.start, r.end, _vec(use))
-        self._writable_total().remove(rid, r.start, r.end, _vec(_sum(r.alloc.values())))
+            v = _vec(use)
+            self._writable_line(node).remove(rid, r.start, r.end, v)
+            total = _plus(total, v)
+        self._writable_total().remove(rid, r.start, r.end, total)
         self._writable_index().remove(r)
         return r
 
@@ -652,24 +678,6 @@ class SlotTable:
             self._index = self._index.clone()
             self._index_owned = True
         return self._index
-
-    def _check_room(self, node: int, use: Res, start: float, end: float) -> None:
-        if min(_vec(use)) < 0:
-            raise ValueError(f"negative use {use} on node {node}")
-        if start == end:
-            self._cap(node)
-            return  # A zero-length reservation holds nothing at any instant.
-        if self.fits(node, use, start, end):
-            return
-        instant = max(start, self.fits_until(node, use, start))
-        raise Overcommit(node, instant, use, self.available_at(node, instant))
-
-
-def _sum(uses: Iterable[Res]) -> Res:
-    total = Res.ZERO
-    for use in uses:
-        total = total + use
-    return total
 
 
 def _check_interval(start: float, end: float) -> None:
