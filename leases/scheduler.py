@@ -298,7 +298,9 @@ class Scheduler:
         # Per node: (from, until, leases, next change): the host-score summary holds for every instant in
         # [from, until), the span up to the node's next reservation start or end, until a change touches it.
         self._views: dict[int, tuple[float, float, int, float]] = {}
-        self._fit_memo: dict[tuple[int, Res, float], float] = {}
+        # Per node: (need, start) -> fits_until. A node's answers hold until a change touches that node, so a
+        # queue pass keeps them across the other leases' commits (clearing all of it on every change did not).
+        self._fit_memo: dict[int, dict[tuple[Res, float], float]] = {}
         self._room = RoomCounts()
         self._fleet = tuple(self.table.capacity(n) for n in self.table.nodes)  # fixed for a scheduler's life
         # Per lease id: the smallest vnode, and the suspend/resume estimates, asked for at every queue pass.
@@ -361,6 +363,9 @@ class Scheduler:
             # nothing is ever asked about an instant before now again.
             for t in [t for t in self._free if t < now]:
                 del self._free[t]
+            # A node nothing touches keeps its memo; past starts are never asked again, so bound its size.
+            for node in [n for n, memo in self._fit_memo.items() if len(memo) > 512]:
+                del self._fit_memo[node]
             self._room.forget_before(now)
         self._now = max(self._now, now)
         self.replaced = self._recheck_due(now) if self._excluded else []
@@ -534,8 +539,8 @@ class Scheduler:
             return self.table.total_free_at(now).cpu <= 0
         return self._room.total(now, _ONE_CPU, self._usable_nodes(), self._counter(_ONE_CPU, now)) == 0
 
-    def _counter(self, unit: Res, t: float) -> Callable[[int], int]:
-        return lambda n: self.table.copies_at(n, unit, t)
+    def _counter(self, unit: Res, t: float) -> Callable[[Iterable[int]], dict[int, int]]:
+        return lambda nodes: self.table.copies_many(nodes, unit, t)
 
     def _free_at(self, node: int, t: float) -> Res:
         free = self._free.setdefault(t, {})
@@ -889,10 +894,12 @@ class Scheduler:
     def _fits_until(self, table: SlotTable, node: int, need: Res, start: float) -> float:
         if table is not self.table:
             return table.fits_until(node, need, start)
-        key = (node, need, start)
-        until = self._fit_memo.get(key)
+        memo = self._fit_memo.get(node)
+        if memo is None:
+            memo = self._fit_memo[node] = {}
+        until = memo.get((need, start))
         if until is None:
-            until = self._fit_memo[key] = table.fits_until(node, need, start)
+            until = memo[(need, start)] = table.fits_until(node, need, start)
         return until
 
     def _host_order(
@@ -1101,7 +1108,7 @@ class Scheduler:
             for free in self._free.values():
                 free.pop(node, None)
             self._views.pop(node, None)
-        self._fit_memo.clear()
+            self._fit_memo.pop(node, None)
         self._room.touch(nodes)
 
     def _journal(self, now: float, r: ReservationRecord, what: str) -> None:

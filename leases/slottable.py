@@ -133,6 +133,12 @@ class Overcommit(Exception):
         self.available = available
 
 
+@lru_cache(maxsize=256)
+def _wants(unit: Res) -> tuple[tuple[int, int], ...]:
+    """(dimension, amount) for every resource the unit asks for."""
+    return tuple((d, a) for d, a in enumerate(_vec(unit)) if a > 0)
+
+
 @lru_cache(maxsize=4096)  # few distinct (capacity, need) pairs, asked for every node of every mapping
 def _limit(capacity: _Vec, need: Res) -> tuple[_Vec, tuple[int, ...]] | None:
     """The highest usage level that still leaves room for `need`, and the dimensions worth checking.
@@ -469,15 +475,27 @@ class SlotTable:
         return _res(_minus(self._total_cap, self._total.level_at(t)))
 
     def copies_at(self, node: int, unit: Res, t: float) -> int:
-        """How many copies of `unit` fit on the node at t (1 << 30 for a unit asking nothing); no Res is built,
-        because the scheduler asks this for every node at every candidate instant."""
-        level = self._line(node).level_at(t)
-        cap = self._caps[node]
-        best = 1 << 30
-        for d, want in enumerate((unit.cpu, unit.mem, unit.disk, unit.net_in, unit.net_out)):
-            if want > 0:
-                best = min(best, (cap[d] - level[d]) // want)
-        return max(0, best)
+        """How many copies of `unit` fit on the node at t (1 << 30 for a unit asking nothing)."""
+        self._cap(node)
+        return self.copies_many((node,), unit, t)[node]
+
+    def copies_many(self, nodes: Iterable[int], unit: Res, t: float) -> dict[int, int]:
+        """copies_at for many nodes in one loop, building no Res: the scheduler asks this for every node at
+        every candidate instant, and as a call per node it was the top of the 30-day replay's profile."""
+        wants = _wants(unit)
+        caps, lines = self._caps, self._lines
+        out: dict[int, int] = {}
+        for node in nodes:
+            line = lines[node]
+            k = bisect_right(line.times, t) - 1
+            cap = caps[node]
+            best = 1 << 30
+            for d, want in wants:
+                c = (cap[d] - (line.cols[d][k] if k >= 0 else 0)) // want
+                if c < best:
+                    best = c
+            out[node] = best if best > 0 else 0
+        return out
 
     def used_at(self, node: int, t: float) -> Res:
         return _res(self._line(node).level_at(t))
@@ -685,13 +703,16 @@ def _check_interval(start: float, end: float) -> None:
         raise ValueError(f"interval ends ({end}) before it starts ({start})")
 
 
+_Count = Callable[[Iterable[int]], dict[int, int]]
+
+
 class RoomCounts:
     """Per instant and unit: how many copies of the unit fit on each node, and their total, kept across table
     changes by recounting only the nodes a change touched.
 
     The scheduler asks "could this lease start at t at all" for every queued lease at every event; summing
     over all 144 Blue Horizon nodes each time, after every change had wiped the answers, was the top of the
-    30-day replay's profile (docs/BENCHMARKS.md). The counts come from the caller (`count(node)`), so this
+    30-day replay's profile (docs/BENCHMARKS.md). The counts come from the caller (`count(nodes)` -> {node: copies}), so this
     knows nothing about resources; the caller says which nodes a change touched and which instants are over.
     """
 
@@ -701,33 +722,29 @@ class RoomCounts:
         # (t, unit) -> [total, {node: copies}, nodes recounted on the next ask]
         self._entries: dict[tuple[float, Res], tuple[list[int], dict[int, int], set[int]]] = {}
 
-    def total(self, t: float, unit: Res, nodes: Iterable[int], count: Callable[[int], int]) -> int:
-        """Σ count(node) over `nodes` (the same nodes every time until `clear`)."""
+    def total(self, t: float, unit: Res, nodes: Iterable[int], count: _Count) -> int:
+        """The sum of the counts over `nodes` (the same nodes every time until `clear`)."""
         key = (t, unit)
         entry = self._entries.get(key)
         if entry is None:
-            per = {n: count(n) for n in nodes}
+            per = count(nodes)
             entry = self._entries[key] = ([sum(per.values())], per, set())
             return entry[0][0]
         acc, per, dirty = entry
         if dirty:
-            for n in dirty:
-                c = per[n] = count(n)
-                acc[0] += c
+            fresh = count(dirty)
+            per.update(fresh)
+            acc[0] += sum(fresh.values())
             dirty.clear()
         return acc[0]
 
-    def counts(
-        self, t: float, unit: Res, nodes: Iterable[int], count: Callable[[int], int]
-    ) -> dict[int, int]:
-        """Per node, count(node), up to date; the caller must not change the dict."""
+    def counts(self, t: float, unit: Res, nodes: Iterable[int], count: _Count) -> dict[int, int]:
+        """Per node, its count, up to date; the caller must not change the dict."""
         self.total(t, unit, nodes, count)
         return self._entries[(t, unit)][1]
 
-    def subtotal(
-        self, t: float, unit: Res, nodes: Iterable[int], only: Iterable[int], count: Callable[[int], int]
-    ) -> int:
-        """Σ count(node) over the nodes of `only` that are among `nodes`."""
+    def subtotal(self, t: float, unit: Res, nodes: Iterable[int], only: Iterable[int], count: _Count) -> int:
+        """The sum of the counts over the nodes of `only` that are among `nodes`."""
         self.total(t, unit, nodes, count)
         per = self._entries[(t, unit)][1]
         return sum(per.get(n, 0) for n in only)
