@@ -303,6 +303,7 @@ class Scheduler:
         self._fit_memo: dict[int, dict[tuple[Res, float], float]] = {}
         self._room = RoomCounts()
         self._fleet = tuple(self.table.capacity(n) for n in self.table.nodes)  # fixed for a scheduler's life
+        self._capacity = dict(zip(self.table.nodes, self._fleet, strict=True))
         # Per lease id: the smallest vnode, and the suspend/resume estimates, asked for at every queue pass.
         self._smallest: dict[int, Res] = {}
         self._estimates: dict[tuple[int, float, float | None], float] = {}
@@ -858,9 +859,12 @@ class Scheduler:
         i = 0
         for node in self._host_order(table, req, start, end - start, only):
             need = Res()
+            cap = self._capacity[node]
             while i < len(order):
                 trial = need + req.vnodes[order[i] - 1]
-                until = self._fits_until(table, node, trial, start)
+                # More than the node holds when empty never fits: fits_until would answer `start` (a full
+                # node's second VM, every time a wide lease is mapped).
+                until = self._fits_until(table, node, trial, start) if trial.fits_in(cap) else start
                 if until < latest:
                     if strict or until <= start:
                         break
