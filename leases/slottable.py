@@ -210,10 +210,7 @@ class _Line:
         """Whether `use` fits under `cap` on every segment meeting [start, end) (end > start)."""
         k, j = self.first_segment(start), bisect_left(self.times, end)
         cols = self.cols
-        for d in range(5):
-            if use[d] > 0 and max(cols[d][k:j], default=0) > cap[d] - use[d]:
-                return False
-        return True
+        return all(max(cols[d][k:j], default=0) <= cap[d] - use[d] for d in range(5) if use[d] > 0)
 
     def room(self, k: int, j: int | None, lim: _Vec, dims: tuple[int, ...]) -> bytes:
         """One byte per segment k..j-1 (k.. when j is None): 1 where its level leaves room within lim."""
