@@ -321,7 +321,7 @@ class Scheduler:
         queue is processed (unless `defer`, which replay uses to hand in every request of an instant first)."""
         if req.id in self.leases:
             raise ValueError(f"lease {req.id} already exists")
-        self._excluded = excluded or {}
+        self._use_exclusions(excluded)
         self._now = max(self._now, now)
         self._run_events(now)
         rec = LeaseRecord(request=req)
@@ -356,9 +356,7 @@ class Scheduler:
         self, now: float, excluded: Mapping[int, str] | None = None, *, run_queue: bool = True
     ) -> None:
         """Apply every reservation start/end and early end at or before `now`, in time order, then the queue."""
-        if (excluded or {}) != self._excluded:
-            self._room.clear()
-        self._excluded = excluded or {}
+        self._use_exclusions(excluded)
         if now > self._now:
             # Answers about instants still ahead stay valid (a change drops the touched nodes' entries);
             # nothing is ever asked about an instant before now again.
@@ -374,6 +372,12 @@ class Scheduler:
         if run_queue:
             self._process_queue(now)
             self._run_events(now)
+
+    def _use_exclusions(self, excluded: Mapping[int, str] | None) -> None:
+        # The room counts are sums over the usable nodes: a different set of exclusions makes them wrong.
+        if (excluded or {}) != self._excluded:
+            self._room.clear()
+        self._excluded = excluded or {}
 
     def _recheck_due(self, now: float) -> list[tuple[int, str]]:
         """A reservation that comes due is checked again: a best-effort lease whose next reservation would start
@@ -408,10 +412,12 @@ class Scheduler:
         self.leases[lid] = lease
         for r in lease.chain():
             self._next_rid = max(self._next_rid, r.rid + 1)
-            self.table.add(self._table_row(lease, r))
+            row = self._table_row(lease, r)
+            self.table.add(row)
             self._records[r.rid] = r
             self._push_events(r)
-            self._touch(r.nodes.values())
+            # Every node the row holds (a migration's sources too): the caches now outlive a clock step.
+            self._touch(row.alloc)
         if lease.state in (_S.QUEUED, _S.SUSPENDED_QUEUED):
             self._enqueue(lease)
         if lease.in_future:
