@@ -556,7 +556,9 @@ class Scheduler:
             got = free[node] = self.table.available_at(node, t)
         return got
 
-    def _usable_nodes(self) -> list[int]:
+    def _usable_nodes(self) -> Sequence[int]:
+        if not self._excluded:
+            return self.table.nodes  # asked at every room count: no list to build in the common case
         return [n for n in self.table.nodes if n not in self._excluded]
 
     # -- planning: best-effort and immediate (§3.5) --------------------------------------------------------
