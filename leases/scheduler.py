@@ -412,12 +412,10 @@ class Scheduler:
         self.leases[lid] = lease
         for r in lease.chain():
             self._next_rid = max(self._next_rid, r.rid + 1)
-            row = self._table_row(lease, r)
-            self.table.add(row)
+            self.table.add(self._table_row(lease, r))
             self._records[r.rid] = r
             self._push_events(r)
-            # Every node the row holds (a migration's sources too): the caches now outlive a clock step.
-            self._touch(row.alloc)
+            self._touch(r.nodes.values())
         if lease.state in (_S.QUEUED, _S.SUSPENDED_QUEUED):
             self._enqueue(lease)
         if lease.in_future:
@@ -1117,6 +1115,7 @@ class Scheduler:
                 self._retire(r, min(now, r.end), now)
 
     def _touch(self, nodes: Iterable[int]) -> None:
+        nodes = tuple(nodes)  # walked twice below, and callers may hand in a generator
         for node in nodes:
             for free in self._free.values():
                 free.pop(node, None)
