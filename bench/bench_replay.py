@@ -1,10 +1,11 @@
-"""Replay the SDSC Blue Horizon workload (HPDC'08's 30 days, 5,545 jobs) on 144 nodes and print how long it took.
+"""Replay the SDSC Blue Horizon workloads on 144 nodes and print the CPU time beside Haizea's.
 
-Haizea 1.1 needs 843 s for the 30 days (last best-effort end 30.69 days, mean wait 3,763 s, mean bounded
-slowdown 15.6, utilisation 0.687); Slotkeeper's target is 30 s. `--trace` runs another file (e.g. the
-1000requests.swf subset) first, as a quick look.
+Three runs under configs/blue-144.conf: HPDC'08's 30 days (5,545 jobs) alone; the same with the ARs of
+injected_leases/30days/work_10-dur_3h-size_2medium.lwf (94 ARs); and the 60 days (10,280 jobs). Haizea 1.1 needs
+843 s for the first and 1,340 s for the second; Slotkeeper's targets are 10 s, 10 s and 20 s of CPU (issue 14).
+`--trace`/`--inject` run one other combination instead, as a quick look.
 
-    .venv/bin/python bench/bench_replay.py [--trace PATH] [--config PATH]
+    .venv/bin/python bench/bench_replay.py [--trace PATH [--inject PATH]] [--config PATH] [--only 30|30i|60]
 """
 
 from __future__ import annotations
@@ -15,46 +16,77 @@ import sys
 import time
 from pathlib import Path
 
-from slotkeeper import shared
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from leases.haizea_config import read_config
-from leases.replay import replay, setup
-from leases.traces import read_trace
+from leases.replay import load_workload, replay, setup
+from slotkeeper import shared
 
 HAIZEA = shared.HAIZEA
-DEFAULT_TRACE = HAIZEA / "traces/blue/30days.swf"
+BLUE = HAIZEA / "traces/blue"
+INJECTION = BLUE / "injected_leases/30days/work_10-dur_3h-size_2medium.lwf"
 DEFAULT_CONFIG = HAIZEA / "configs/blue-144.conf"
 
+# name -> (trace, injection, Haizea 1.1's figures on this machine class, Slotkeeper's CPU target in s)
+RUNS: dict[str, tuple[Path, Path | None, str, float]] = {
+    "30": (
+        BLUE / "30days.swf",
+        None,
+        "Haizea 1.1: 843 s; last best-effort end 30.69 days, mean wait 3,763 s, slowdown 15.6, util 0.687",
+        10.0,
+    ),
+    "30i": (
+        BLUE / "30days.swf",
+        INJECTION,
+        "Haizea 1.1: 1,340 s; 94/94 ARs, last best-effort end 2,920,554 s, mean wait 4,423 s, slowdown 18.0, "
+        "util 0.712",
+        10.0,
+    ),
+    "60": (BLUE / "60days.swf", None, "Haizea 1.1: not measured", 20.0),
+}
 
-def run(trace_path: Path, config_path: Path) -> None:
-    started = time.perf_counter()
-    trace = read_trace(trace_path)
+
+def run(
+    trace_path: Path, injection: Path | None, config_path: Path, haizea: str = "", target: float = 0
+) -> None:
+    trace = load_workload(trace_path, injection)
     capacities, config = setup(trace, read_config(config_path))
+    wall0, cpu0 = time.perf_counter(), time.process_time()
     result = replay(trace, capacities, config)
-    wall = time.perf_counter() - started
+    cpu = time.process_time() - cpu0
+    wall = time.perf_counter() - wall0
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     m = result.metrics
-    days = (m.last_best_effort_end_s or 0) / 86400
-    print(f"{trace_path.name}: {m.leases} leases on {len(capacities)} nodes, {result.steps} steps")
-    print(f"  wall {wall:.1f} s, peak RSS {peak_mib:.0f} MiB")
+    name = trace_path.name + (f" + {injection.name}" if injection else "")
+    print(f"{name}: {m.leases} leases on {len(capacities)} nodes, {result.steps} steps")
+    verdict = "" if not target else (" (target met)" if cpu <= target else f" (target {target:.0f} s MISSED)")
+    print(f"  CPU {cpu:.1f} s{verdict}, wall {wall:.1f} s, peak RSS {peak_mib:.0f} MiB")
     print(
-        f"  last best-effort end {days:.2f} days, mean wait {m.mean_wait_s or 0:.0f} s, "
-        f"mean bounded slowdown {m.mean_bounded_slowdown or 0:.1f}, utilisation {m.utilisation:.3f}"
+        f"  ARs {m.ar_accepted} accepted / {m.ar_rejected} rejected; last best-effort end "
+        f"{m.last_best_effort_end_s or 0:,.0f} s ({(m.last_best_effort_end_s or 0) / 86400:.2f} days), "
+        f"mean wait {m.mean_wait_s or 0:,.0f} s, mean bounded slowdown {m.mean_bounded_slowdown or 0:.1f}, "
+        f"utilisation {m.utilisation:.3f}"
     )
+    if haizea:
+        print(f"  {haizea}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trace", type=Path, help="replay this trace first (e.g. 1000requests.swf)")
+    parser.add_argument("--trace", type=Path, help="replay this trace only (e.g. 1000requests.swf)")
+    parser.add_argument("--inject", type=Path, help="with this AR injection")
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
-    parser.add_argument("--only", action="store_true", help="run only --trace, not the 30 days")
+    # A bare --only (as bench/run_all.py passes with --trace) means "just the --trace run".
+    parser.add_argument("--only", nargs="?", const="", help=f"one of the standard runs: {', '.join(RUNS)}")
     args = parser.parse_args()
+    if args.only and args.only not in RUNS:
+        parser.error(f"--only {args.only}: not one of {', '.join(RUNS)}")
     if args.trace:
-        run(args.trace, args.config)
-    if not args.only:
-        run(DEFAULT_TRACE, args.config)
+        run(args.trace, args.inject, args.config)
+        return
+    for name, (trace, injection, haizea, target) in RUNS.items():
+        if not args.only or args.only == name:
+            run(trace, injection, args.config, haizea, target)
 
 
 if __name__ == "__main__":

@@ -8,9 +8,12 @@ it directly. Times are seconds after the trace start.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from leases.haizea_config import HaizeaConfig
@@ -26,7 +29,7 @@ from leases.scheduler import (
     SchedulerConfig,
 )
 from leases.slottable import Res
-from leases.traces import Trace, TraceLease, parse_resources
+from leases.traces import Trace, TraceLease, merge_traces, parse_resources, read_trace
 
 _FINAL = frozenset({LeaseState.DONE, LeaseState.REJECTED, LeaseState.CANCELLED})
 _EPS = 1e-6
@@ -53,6 +56,37 @@ class ReplayResult:
     scheduler: Scheduler
     metrics: Metrics
     steps: int
+
+
+def locate(path: str | Path, roots: Iterable[str | Path] = ()) -> Path:
+    """The file a config names, on this disk.
+
+    Haizea's configs name traces on their author's disk (/usr/share/haizea/traces/multi/inj1.lwf), so a path
+    that does not exist is looked for under each root by its trailing parts, longest first
+    (traces/multi/inj1.lwf, then multi/inj1.lwf, then inj1.lwf). The path as written is returned when nothing
+    matches, so the error names what the config said.
+    """
+    given = Path(path).expanduser()
+    if given.exists():
+        return given
+    parts = given.parts[1:] if given.is_absolute() else given.parts
+    for k in range(len(parts)):
+        for root in roots:
+            candidate = Path(root) / Path(*parts[k:])
+            if candidate.is_file():
+                return candidate
+    return given
+
+
+def load_workload(tracefile: str | Path, injectionfile: str | Path | None = None) -> Trace:
+    """The trace, with the injection's advance reservations merged in (Haizea's [tracefile] injectionfile).
+
+    TraceError for an unreadable file; ValueError for an injection that breaks Haizea's rules (merge_traces).
+    """
+    trace = read_trace(tracefile)
+    if injectionfile is None:
+        return trace
+    return merge_traces(trace, read_trace(injectionfile))
 
 
 def to_request(lease: TraceLease) -> LeaseRequest:
@@ -219,12 +253,14 @@ def as_json(result: ReplayResult, start: datetime) -> dict[str, Any]:
     def iso(t: float | None) -> str | None:
         return None if t is None else (start + timedelta(seconds=t)).isoformat()
 
+    injected = set(result.trace.injected)
     leases = []
     for rec in sorted(result.scheduler.leases.values(), key=lambda r: r.request.id):
         leases.append(
             {
                 "id": rec.request.id,
                 "type": rec.request.type,
+                "injected": rec.request.id in injected,
                 "state": str(rec.state),
                 "submitted": iso(rec.request.submit),
                 "start": iso(rec.first_start),
@@ -242,4 +278,140 @@ def as_json(result: ReplayResult, start: datetime) -> dict[str, Any]:
             }
         )
     m = result.metrics
-    return {"leases": leases, "metrics": {k: getattr(m, k) for k in Metrics.__dataclass_fields__}}
+    workload = {
+        "trace": result.trace.name,
+        "injection": result.trace.injection,
+        "injected_leases": len(injected),
+    }
+    metrics = {k: getattr(m, k) for k in Metrics.__dataclass_fields__}
+    return {"workload": workload, "leases": leases, "metrics": metrics}
+
+
+# -- one configured run, and sweeps over a multi-configuration ------------------------------------------------
+
+
+def run_config(
+    haizea: HaizeaConfig | None,
+    tracefile: str | Path,
+    injectionfile: str | Path | None = None,
+    **kwargs: Any,
+) -> ReplayResult:
+    """Replay a trace (plus injection) under a Haizea config; kwargs go to `replay`."""
+    trace = load_workload(tracefile, injectionfile)
+    capacities, config = setup(trace, haizea)
+    return replay(trace, capacities, config, **kwargs)
+
+
+@dataclass(frozen=True)
+class SweepRun:
+    """One trace x injection combination of a multi-configuration, with its files located on this disk."""
+
+    config: HaizeaConfig
+    tracefile: str
+    injectionfile: str | None
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    """One result line of a sweep: what ran, the metrics, and what it cost (CPU seconds of the worker)."""
+
+    profile: str | None
+    trace: str
+    injection: str | None
+    metrics: Metrics
+    steps: int
+    cpu_s: float
+
+
+SWEEP_COLUMNS = ("profile", "trace", "injection", *Metrics.__dataclass_fields__, "steps", "cpu_s")
+
+
+def sweep_runs(configs: Iterable[HaizeaConfig], roots: Iterable[str | Path] = ()) -> list[SweepRun]:
+    """The runs of an expanded multi-configuration; ValueError when a config names no trace."""
+    roots = tuple(roots)
+    runs = []
+    for c in configs:
+        if not c.tracefile:
+            raise ValueError(f"{c.path}: profile {c.profile} names no tracefile")
+        inj = c.injectionfile
+        runs.append(SweepRun(c, str(locate(c.tracefile, roots)), str(locate(inj, roots)) if inj else None))
+    return runs
+
+
+def run_sweep_one(run: SweepRun) -> SweepRow:
+    """Replay one combination; a module-level function so that worker processes can be handed it."""
+    started = time.process_time()
+    result = run_config(run.config, run.tracefile, run.injectionfile)
+    return SweepRow(
+        profile=run.config.profile,
+        trace=Path(run.tracefile).stem,
+        injection=Path(run.injectionfile).stem if run.injectionfile else None,
+        metrics=result.metrics,
+        steps=result.steps,
+        cpu_s=time.process_time() - started,
+    )
+
+
+def sweep(
+    runs: list[SweepRun], *, jobs: int = 1, progress: Callable[[int, int], None] | None = None
+) -> list[SweepRow]:
+    """Every run, in `jobs` worker processes (in this process when 1); rows come back in the runs' order."""
+    rows: list[SweepRow | None] = [None] * len(runs)
+    done = 0
+    if jobs <= 1 or len(runs) <= 1:
+        for i, run in enumerate(runs):
+            rows[i] = run_sweep_one(run)
+            done += 1
+            if progress:
+                progress(done, len(runs))
+    else:
+        with ProcessPoolExecutor(max_workers=min(jobs, len(runs))) as pool:
+            futures = {pool.submit(run_sweep_one, run): i for i, run in enumerate(runs)}
+            for future in as_completed(futures):
+                rows[futures[future]] = future.result()
+                done += 1
+                if progress:
+                    progress(done, len(runs))
+    return [row for row in rows if row is not None]
+
+
+def sweep_record(row: SweepRow) -> dict[str, Any]:
+    """A row as a flat dict under SWEEP_COLUMNS, for CSV and JSON."""
+    return {
+        "profile": row.profile,
+        "trace": row.trace,
+        "injection": row.injection,
+        **{k: getattr(row.metrics, k) for k in Metrics.__dataclass_fields__},
+        "steps": row.steps,
+        "cpu_s": round(row.cpu_s, 3),
+    }
+
+
+# -- time series for plots ---------------------------------------------------------------------------------
+
+_QUEUED = frozenset({str(LeaseState.QUEUED), str(LeaseState.SUSPENDED_QUEUED)})
+
+
+def timeline(sched: Scheduler) -> list[tuple[float, float, int]]:
+    """(t, CPU utilisation of the fleet, best-effort leases waiting in the queue) at every instant either
+    changes, from the trace start to the last end; each value holds until the next row's t."""
+    total = sum(sched.table.capacity(n).cpu for n in sched.table.nodes)
+    cpu: dict[float, float] = {}
+    queued: dict[float, int] = {}
+    for rec in sched.leases.values():
+        for r in rec.reservations:
+            if r.kind == VM and r.status != CANCELLED and r.end > r.start:
+                use = sum(rec.request.vnodes[v - 1].cpu for v in r.nodes)
+                cpu[r.start] = cpu.get(r.start, 0.0) + use
+                cpu[r.end] = cpu.get(r.end, 0.0) - use
+        for t, before, after in rec.history:
+            step = (after in _QUEUED) - (before in _QUEUED)
+            if step:
+                queued[t] = queued.get(t, 0) + step
+    rows: list[tuple[float, float, int]] = []
+    used, waiting = 0.0, 0
+    for t in sorted(set(cpu) | set(queued)):
+        used += cpu.get(t, 0.0)
+        waiting += queued.get(t, 0)
+        rows.append((t, used / total if total else 0.0, waiting))
+    return rows

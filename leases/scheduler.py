@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from functools import lru_cache
 
 from leases.lifecycle import LeaseState, lease_transition
-from leases.slottable import Res, Reservation, SlotTable
+from leases.slottable import Res, Reservation, RoomCounts, SlotTable
 
 BEST_EFFORT = "best_effort"
 ADVANCE_RESERVATION = "advance_reservation"
@@ -304,10 +304,18 @@ class Scheduler:
         # Per-instant, per-node caches of what the mapper asks again and again during one queue pass; a change
         # to the table drops only the entries of the nodes it touched.
         self._free: dict[float, dict[int, Res]] = {}
-        self._views: dict[float, dict[int, tuple[int, float]]] = {}
-        self._fit_memo: dict[tuple[int, Res, float], float] = {}
-        self._room: dict[tuple[float, Res], int] = {}
-        self._full: dict[float, bool] = {}
+        # Per node: (from, until, leases, next change): the host-score summary holds for every instant in
+        # [from, until), the span up to the node's next reservation start or end, until a change touches it.
+        self._views: dict[int, tuple[float, float, int, float]] = {}
+        # Per node: (need, start) -> fits_until. A node's answers hold until a change touches that node, so a
+        # queue pass keeps them across the other leases' commits (clearing all of it on every change did not).
+        self._fit_memo: dict[int, dict[tuple[Res, float], float]] = {}
+        self._room = RoomCounts()
+        self._fleet = tuple(self.table.capacity(n) for n in self.table.nodes)  # fixed for a scheduler's life
+        self._capacity = dict(zip(self.table.nodes, self._fleet, strict=True))
+        # Per lease id: the smallest vnode, and the suspend/resume estimates, asked for at every queue pass.
+        self._smallest: dict[int, Res] = {}
+        self._estimates: dict[tuple[int, float, float | None], float] = {}
 
     # -- public API ----------------------------------------------------------------------------------------
 
@@ -322,7 +330,7 @@ class Scheduler:
         queue is processed (unless `defer`, which replay uses to hand in every request of an instant first)."""
         if req.id in self.leases:
             raise ValueError(f"lease {req.id} already exists")
-        self._excluded = excluded or {}
+        self._use_exclusions(excluded)
         self._now = max(self._now, now)
         self._run_events(now)
         rec = LeaseRecord(request=req)
@@ -357,19 +365,28 @@ class Scheduler:
         self, now: float, excluded: Mapping[int, str] | None = None, *, run_queue: bool = True
     ) -> None:
         """Apply every reservation start/end and early end at or before `now`, in time order, then the queue."""
-        if (excluded or {}) != self._excluded:
-            self._room.clear()
-            self._full.clear()
-        self._excluded = excluded or {}
+        self._use_exclusions(excluded)
         if now > self._now:
-            self._free.clear()
-            self._views.clear()
+            # Answers about instants still ahead stay valid (a change drops the touched nodes' entries);
+            # nothing is ever asked about an instant before now again.
+            for t in [t for t in self._free if t < now]:
+                del self._free[t]
+            # A node nothing touches keeps its memo; past starts are never asked again, so bound its size.
+            for node in [n for n, memo in self._fit_memo.items() if len(memo) > 512]:
+                del self._fit_memo[node]
+            self._room.forget_before(now)
         self._now = max(self._now, now)
         self.replaced = self._recheck_due(now) if self._excluded else []
         self._run_events(now)
         if run_queue:
             self._process_queue(now)
             self._run_events(now)
+
+    def _use_exclusions(self, excluded: Mapping[int, str] | None) -> None:
+        # The room counts are sums over the usable nodes: a different set of exclusions makes them wrong.
+        if (excluded or {}) != self._excluded:
+            self._room.clear()
+        self._excluded = excluded or {}
 
     def _recheck_due(self, now: float) -> list[tuple[int, str]]:
         """A reservation that comes due is checked again: a best-effort lease whose next reservation would start
@@ -495,7 +512,7 @@ class Scheduler:
             return f"lease type {req.type} is not supported (best_effort, advance_reservation, immediate)"
         if not req.vnodes or req.duration <= 0:
             return "a lease needs at least one vnode and a positive duration"
-        if not _packs(req.vnodes, [self.table.capacity(n) for n in self.table.nodes]):
+        if not _packs(req.vnodes, self._fleet):
             return f"{len(req.vnodes)} vnode(s) of this size do not fit even on the whole, empty fleet"
         if req.type == ADVANCE_RESERVATION and self.config.policy_admission == "no-ARs":
             return "advance reservations are not admitted (policy-admission = no-ARs)"
@@ -605,10 +622,13 @@ class Scheduler:
         self._queue = waiting
 
     def _cpu_full(self, now: float) -> bool:
-        full = self._full.get(now)
-        if full is None:
-            full = self._full[now] = all(self._free_at(n, now).cpu <= 0 for n in self._usable_nodes())
-        return full
+        # The free CPU summed over the usable nodes is 0 exactly when every node's CPU is taken.
+        if not self._excluded:
+            return self.table.total_free_at(now).cpu <= 0
+        return self._room.total(now, _ONE_CPU, self._usable_nodes(), self._counter(_ONE_CPU, now)) == 0
+
+    def _counter(self, unit: Res, t: float) -> Callable[[Iterable[int]], dict[int, int]]:
+        return lambda nodes: self.table.copies_many(nodes, unit, t)
 
     def _free_at(self, node: int, t: float) -> Res:
         free = self._free.setdefault(t, {})
@@ -617,7 +637,9 @@ class Scheduler:
             got = free[node] = self.table.available_at(node, t)
         return got
 
-    def _usable_nodes(self) -> list[int]:
+    def _usable_nodes(self) -> Sequence[int]:
+        if not self._excluded:
+            return self.table.nodes  # asked at every room count: no list to build in the common case
         return [n for n in self.table.nodes if n not in self._excluded]
 
     # -- planning: best-effort and immediate (§3.5) --------------------------------------------------------
@@ -651,17 +673,22 @@ class Scheduler:
 
         Without it a long queue re-runs the full mapper over every node at every event (the 30-day Blue
         Horizon replay spent most of its time there)."""
-        smallest = _smallest(req.vnodes)
+        smallest = self._smallest_of(req)
+        # The fleet's total free capacity bounds how many copies fit on its nodes: most instants fail here.
+        if _copies(smallest, self.table.total_free_at(at)) < len(req.vnodes):
+            return False
+        count = self._counter(smallest, at)
         if only is None:
-            key = (at, smallest)
-            room = self._room.get(key)
-            if room is None:
-                room = self._room[key] = sum(
-                    _copies(smallest, self._free_at(n, at)) for n in self._usable_nodes()
-                )
+            room = self._room.total(at, smallest, self._usable_nodes(), count)
         else:
-            room = sum(_copies(smallest, self._free_at(n, at)) for n in self._usable_nodes() if n in only)
+            room = self._room.subtotal(at, smallest, self._usable_nodes(), only, count)
         return room >= len(req.vnodes)
+
+    def _smallest_of(self, req: LeaseRequest) -> Res:
+        got = self._smallest.get(req.id)
+        if got is None:
+            got = self._smallest[req.id] = _smallest(req.vnodes)
+        return got
 
     def _future_points(self, now: float) -> list[float]:
         """The ends of every lease's current plan after `now`, sorted (§2.5, §10 Q16): the only instants at
@@ -921,9 +948,12 @@ class Scheduler:
         i = 0
         for node in self._host_order(table, req, start, end - start, only):
             need = Res()
+            cap = self._capacity[node]
             while i < len(order):
                 trial = need + req.vnodes[order[i] - 1]
-                until = self._fits_until(table, node, trial, start)
+                # More than the node holds when empty never fits: fits_until would answer `start` (a full
+                # node's second VM, every time a wide lease is mapped).
+                until = self._fits_until(table, node, trial, start) if trial.fits_in(cap) else start
                 if until < latest:
                     if strict or until <= start:
                         break
@@ -957,10 +987,12 @@ class Scheduler:
     def _fits_until(self, table: SlotTable, node: int, need: Res, start: float) -> float:
         if table is not self.table:
             return table.fits_until(node, need, start)
-        key = (node, need, start)
-        until = self._fit_memo.get(key)
+        memo = self._fit_memo.get(node)
+        if memo is None:
+            memo = self._fit_memo[node] = {}
+        until = memo.get((need, start))
         if until is None:
-            until = self._fit_memo[key] = table.fits_until(node, need, start)
+            until = memo[(need, start)] = table.fits_until(node, need, start)
         return until
 
     def _host_order(
@@ -971,13 +1003,13 @@ class Scheduler:
             return nodes
         # A node where not even the smallest vnode fits at `start` can take nothing, so it is left out before
         # scoring: on a busy fleet this skips most of the per-node work of every mapping attempt.
-        smallest = _smallest(req.vnodes)
-        free = (
-            (lambda n: self._free_at(n, start))
-            if table is self.table
-            else (lambda n: table.available_at(n, start))
-        )
-        nodes = [n for n in nodes if smallest.fits_in(free(n))]
+        smallest = self._smallest_of(req)
+        if table is self.table:
+            # The room counts of _could_start already say, per node, how many smallest vnodes fit at `start`.
+            per = self._room.counts(start, smallest, self._usable_nodes(), self._counter(smallest, start))
+            nodes = [n for n in nodes if per[n] > 0]
+        else:
+            nodes = [n for n in nodes if smallest.fits_in(table.available_at(n, start))]
 
         def score(node: int) -> float:
             leases, change = (
@@ -990,11 +1022,11 @@ class Scheduler:
         return sorted(nodes, key=lambda n: -score(n))
 
     def _summary(self, node: int, t: float) -> tuple[int, float]:
-        view = self._views.setdefault(t, {})
-        got = view.get(node)
-        if got is None:
-            got = view[node] = _summary(self.table, node, t)
-        return got
+        got = self._views.get(node)
+        if got is None or not got[0] <= t < got[1]:
+            leases, change, until = _summary_span(self.table, node, t)
+            got = self._views[node] = (t, until, leases, change)
+        return got[2], got[3]
 
     # -- suspend / resume / migrate / shutdown timing (§3.8, §3.12) ----------------------------------------
 
@@ -1006,8 +1038,14 @@ class Scheduler:
 
     def _estimate(self, req: LeaseRequest, rate: float, override: float | None) -> float:
         """Whole-lease suspend or resume estimate: one VM after another (Q5, the 1.1 formula)."""
-        overhead = self.config.enactment_overhead
-        return sum(self._op_time(v.mem, rate, override) + overhead for v in req.vnodes)
+        key = (req.id, rate, override)
+        got = self._estimates.get(key)
+        if got is None:
+            overhead = self.config.enactment_overhead
+            got = self._estimates[key] = sum(
+                self._op_time(v.mem, rate, override) + overhead for v in req.vnodes
+            )
+        return got
 
     def _threshold(self, req: LeaseRequest, resuming: bool) -> float:
         """The shortest run worth starting or keeping (§3.9); 0 without suspension (Q17)."""
@@ -1104,7 +1142,8 @@ class Scheduler:
             # A suspension or resumption holds the memory of the VMs it moves and the CPU that moves it (Q13).
             if spec.kind in (SUSPEND, RESUME):
                 use = _cpu_mem(use)
-            alloc[n] = alloc.get(n, Res()) + use
+            # One VM per node is the common case: no sum to build (a 48-VM lease placed or retimed built 96 Res).
+            alloc[n] = alloc[n] + use if n in alloc else use
         return alloc
 
     def alloc_of(self, rec: LeaseRecord, r: ReservationRecord) -> dict[int, Res]:
@@ -1159,14 +1198,13 @@ class Scheduler:
                 self._retire(r, min(now, r.end), now)
 
     def _touch(self, nodes: Iterable[int]) -> None:
+        nodes = tuple(nodes)  # walked twice below, and callers may hand in a generator
         for node in nodes:
             for free in self._free.values():
                 free.pop(node, None)
-            for view in self._views.values():
-                view.pop(node, None)
-        self._fit_memo.clear()
-        self._room.clear()
-        self._full.clear()
+            self._views.pop(node, None)
+            self._fit_memo.pop(node, None)
+        self._room.touch(nodes)
 
     def _journal(self, now: float, r: ReservationRecord, what: str) -> None:
         snapshot = replace(r, nodes=dict(r.nodes), sources=dict(r.sources))
@@ -1331,13 +1369,17 @@ def _copies(unit: Res, free: Res) -> int:
     return max(0, best)
 
 
+_ONE_CPU = Res(cpu=1)
+
+
 @lru_cache(maxsize=4096)
 def _smallest(vnodes: tuple[Res, ...]) -> Res:
     """The component-wise minimum of a lease's vnodes: no vnode can go where this does not fit."""
     return Res(*(min(getattr(v, f.name) for v in vnodes) for f in fields(Res)))
 
 
-def _packs(vnodes: Sequence[Res], capacities: list[Res]) -> bool:
+@lru_cache(maxsize=1024)  # a trace asks the same few shapes again and again; each check is O(vnodes x nodes)
+def _packs(vnodes: tuple[Res, ...], capacities: tuple[Res, ...]) -> bool:
     """First-fit, largest first, into empty nodes: a lease failing this could never run, and queueing it
     would keep a replay (or the live queue) waiting forever."""
     free = list(capacities)
@@ -1352,6 +1394,12 @@ def _packs(vnodes: Sequence[Res], capacities: list[Res]) -> bool:
 
 def _summary(table: SlotTable, node: int, t: float) -> tuple[int, float]:
     """At t on a node: how many leases are there, and when its availability or lease set next changes."""
+    leases, change, _ = _summary_span(table, node, t)
+    return leases, change
+
+
+def _summary_span(table: SlotTable, node: int, t: float) -> tuple[int, float, float]:
+    """_summary, plus the node's next reservation start or end after t: the answer holds until then."""
     rows = [(r.start, r.end, r.lease_id, r.alloc[node]) for r in table.reservations(start=t, node=node)]
 
     def state_at(x: float) -> tuple[Res, frozenset[int]]:
@@ -1368,7 +1416,7 @@ def _summary(table: SlotTable, node: int, t: float) -> tuple[int, float]:
     # Haizea's availability window, so only a real change of availability or of lease set counts.
     points = sorted({p for a, b, _, _ in rows for p in (a, b) if p > t})
     change = next((x for x in points if state_at(x) != now), math.inf)
-    return len(now[1]), change
+    return len(now[1]), change, points[0] if points else math.inf
 
 
 def _local_groups(

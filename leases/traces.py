@@ -59,6 +59,9 @@ class Trace:
     # Ids of SWF jobs left out by the swf2lwf rules (cancelled while queued), so a report can say how many
     # jobs the file held, not only how many leases it gave.
     skipped: tuple[int, ...] = ()
+    # Ids of the leases an injection file added (merge_traces), so outputs can tell them from the workload's.
+    injected: tuple[int, ...] = ()
+    injection: str | None = None  # the injection file's name, when one was merged in
 
 
 class TraceError(Exception):
@@ -409,13 +412,28 @@ def read_trace(path: str | Path) -> Trace:
 def merge_traces(base: Trace, injection: Trace) -> Trace:
     """The base workload with an injection's leases merged in submit order (Haizea's `injectionfile`).
 
-    Injected leases keep their ids unless one collides with a base id (multi/inj1.lwf and withprematureend.lwf
-    both start at 1); then all of them are shifted past the base's largest id, keeping their order, because
-    two leases with one id would share reservations in the slot table.
+    Haizea's rules for injected leases: each has an exact start (an advance reservation, or a deadline lease),
+    none is preemptible (HPDC'08: "ARs are non-preemptible"), and their ids are kept apart from the
+    workload's. Injected leases keep their ids unless one collides with a base id (multi/inj1.lwf and
+    withprematureend.lwf both start at 1, the Blue Horizon injections at 1 while SWF job numbers start at
+    13); then all of them are shifted past the base's largest id, keeping their order, because two leases
+    with one id would share reservations in the slot table. A lease without an exact start raises ValueError:
+    Haizea would queue it as best-effort work, which is not what an injection is for.
     """
+    loose = [lease.id for lease in injection.leases if lease.start_s is None]
+    if loose:
+        raise ValueError(
+            f"{injection.path}: an injection holds leases with an exact start; lease(s) "
+            f"{', '.join(map(str, loose[:5]))} have none"
+        )
     base_ids = {lease.id for lease in base.leases}
-    injected = injection.leases
+    injected = tuple(replace(lease, preemptible=False) for lease in injection.leases)
     if any(lease.id in base_ids for lease in injected):
         offset = max(base_ids)
         injected = tuple(replace(lease, id=lease.id + offset) for lease in injected)
-    return replace(base, leases=_by_submit(base.leases + injected))
+    return replace(
+        base,
+        leases=_by_submit(base.leases + injected),
+        injected=base.injected + tuple(lease.id for lease in injected),
+        injection=Path(injection.path).stem,
+    )

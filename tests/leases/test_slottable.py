@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from leases.slottable import Overcommit, Res, Reservation, SlotTable
+from leases.slottable import Overcommit, Res, Reservation, RoomCounts, SlotTable
 
 # Every Haizea test trace starts at 2006-11-25 13:00:00 on nodes of CPU 100 / Memory 1024 MB.
 T0 = datetime(2006, 11, 25, 13, 0, tzinfo=UTC).timestamp()
@@ -596,3 +596,55 @@ def test_nothing_can_start_after_a_reservation_that_never_ends():
     assert table.earliest_fit(1, Q, 60, at("12:30")) == at("12:30")  # a minute fits before 13:00
     assert table.earliest_fit(1, Q, 3600, at("12:30")) is None
     assert table.fits_until(1, Q, at("12:00")) == at("13:00")
+
+
+# -- the replay's incremental availability (issue 14) ------------------------------------------------------
+
+
+def _two_full_nodes_with_a_half_lease() -> SlotTable:
+    table = SlotTable({1: Res(100, 1024), 2: Res(100, 1024)})
+    table.add(Reservation(1, 1, "vm", 0, 100, {1: Res(50, 512)}))
+    return table
+
+
+def test_total_free_at_sums_every_node_and_follows_adds_and_removes():
+    table = _two_full_nodes_with_a_half_lease()
+    assert table.total_free_at(0) == Res(150, 1536)
+    assert table.total_free_at(100) == Res(200, 2048)  # half-open: the lease is gone at its end
+    copy = table.copy()
+    copy.add(Reservation(2, 2, "vm", 50, 150, {2: Res(100, 1024)}))
+    assert copy.total_free_at(60) == Res(50, 512)
+    assert table.total_free_at(60) == Res(150, 1536)  # the copy's write did not reach the original
+    copy.remove(1)
+    assert copy.total_free_at(60) == Res(100, 1024)
+
+
+def test_copies_many_counts_whole_copies_per_node_without_building_res():
+    table = _two_full_nodes_with_a_half_lease()
+    half, full = Res(50, 512), Res(100, 1024)
+    assert table.copies_many([1, 2], half, 10) == {1: 1, 2: 2}
+    assert table.copies_many([1, 2], full, 10) == {1: 0, 2: 1}
+    assert table.copies_many([1, 2], full, 100) == {1: 1, 2: 1}
+    assert table.copies_at(1, half, 10) == 1
+
+
+def test_room_counts_recount_only_the_touched_nodes_and_forget_past_instants():
+    table = _two_full_nodes_with_a_half_lease()
+    asked: list[list[int]] = []
+
+    def count(nodes):
+        nodes = list(nodes)
+        asked.append(sorted(nodes))
+        return table.copies_many(nodes, Res(50, 512), 10)
+
+    room = RoomCounts()
+    assert room.total(10, Res(50, 512), [1, 2], count) == 3
+    assert room.total(10, Res(50, 512), [1, 2], count) == 3  # answered from memory
+    table.add(Reservation(2, 2, "vm", 0, 100, {2: Res(100, 1024)}))
+    room.touch([2])
+    assert room.total(10, Res(50, 512), [1, 2], count) == 1
+    assert asked == [[1, 2], [2]]
+    assert room.subtotal(10, Res(50, 512), [1, 2], {2}, count) == 0
+    room.forget_before(11)
+    assert room.total(10, Res(50, 512), [1, 2], count) == 1
+    assert asked[-1] == [1, 2]  # counted afresh

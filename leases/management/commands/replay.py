@@ -1,38 +1,97 @@
-"""`manage.py replay TRACE [--config INI] [--json]`: run a Haizea trace through the scheduler and print metrics."""
+"""`manage.py replay`: run Haizea workloads through the scheduler and print their metrics.
+
+    replay TRACE [--config INI] [--inject FILE] [--json] [--csv FILE] [--plot FILE.svg]
+    replay --sweep MULTI.conf [--jobs N] [--json] [--csv FILE]
+
+A config's [tracefile] tracefile and injectionfile are used when TRACE or --inject are not given; paths written
+for another disk are looked for beside the config and under the shared Haizea material by their trailing parts.
+"""
 
 from __future__ import annotations
 
+import csv
 import json
+import os
+import sys
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from leases.haizea_config import ConfigError, HaizeaConfig, read_config
-from leases.replay import ReplayResult, as_json, replay, setup
-from leases.traces import Trace, TraceError, read_trace
+from leases.haizea_config import ConfigError, HaizeaConfig, read_config, read_multi_config
+from leases.replay import (
+    SWEEP_COLUMNS,
+    Metrics,
+    ReplayResult,
+    SweepRow,
+    as_json,
+    load_workload,
+    locate,
+    replay,
+    setup,
+    sweep,
+    sweep_record,
+    sweep_runs,
+    timeline,
+)
+from leases.traces import Trace, TraceError
+from slotkeeper import shared
 
 # Every shipped Haizea config starts its clock here; used when no config (or no starttime) is given.
 DEFAULT_START = datetime(2006, 11, 25, 13, 0, 0, tzinfo=UTC)
+PLOT_HINT = "--plot needs matplotlib, an optional extra: pip install 'slotkeeper[plot]'"
 
 
 class Command(BaseCommand):
-    help = "Replay a Haizea workload (LWF or SWF) on a simulated clock and print its metrics."
+    help = "Replay a Haizea workload (LWF or SWF, plus AR injections) on a simulated clock and print its metrics."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("trace", nargs="?", help="trace file; wins over the config's tracefile")
         parser.add_argument("--config", help="Haizea INI config (scheduling options, resources, starttime)")
+        parser.add_argument(
+            "--inject", metavar="FILE", help="AR injection file; wins over the config's injectionfile"
+        )
+        parser.add_argument(
+            "--sweep",
+            metavar="CONFIG",
+            help="Haizea multi-config: replay every profile x trace x injection, one result line each",
+        )
+        parser.add_argument(
+            "--jobs", type=int, default=0, help="worker processes for --sweep (default: one per core)"
+        )
         parser.add_argument("--json", action="store_true", help="print exactly one JSON object")
+        parser.add_argument(
+            "--csv", metavar="FILE", help="write the metrics as a CSV table (one row per run)"
+        )
+        parser.add_argument(
+            "--plot", metavar="FILE.svg", help="draw utilisation and queue length over time (one run)"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["sweep"]:
+            if options["plot"] or options["trace"] or options["config"] or options["inject"]:
+                raise CommandError("--sweep takes its traces and configs from the multi-config alone")
+            self._sweep(options)
+            return
         haizea = _config(options["config"])
-        trace = _trace(options["trace"] or (haizea.tracefile if haizea else None))
+        roots = _roots(options["config"])
+        # A file named on the command line is taken as given; one named in a config may need locating.
+        tracefile = options["trace"] or (haizea and haizea.tracefile and locate(haizea.tracefile, roots))
+        injectionfile = options["inject"] or (
+            haizea and haizea.injectionfile and locate(haizea.injectionfile, roots)
+        )
+        if not tracefile:
+            raise CommandError("no trace: give TRACE or a config whose [tracefile] names one")
+        trace = _workload(Path(tracefile), Path(injectionfile) if injectionfile else None)
         try:
             capacities, config = setup(trace, haizea)
         except ValueError as exc:
             raise CommandError(str(exc)) from None
         start = (haizea.starttime if haizea else None) or DEFAULT_START
+        plot = _pyplot() if options["plot"] else None  # refuse before a long replay, not after it
+        cpu = time.process_time()
         result = replay(
             trace,
             capacities,
@@ -40,10 +99,63 @@ class Command(BaseCommand):
             progress=self._progress(len(trace.leases)),
             label=lambda t: (start + timedelta(seconds=t)).strftime("%Y-%m-%d %H:%M:%S"),
         )
+        if options["csv"]:
+            row = SweepRow(haizea.profile if haizea else None, Path(trace.path).stem, trace.injection,
+                           result.metrics, result.steps, time.process_time() - cpu)  # fmt: skip
+            _write_csv(options["csv"], [row])
+        if plot is not None:
+            _plot(plot, result, options["plot"])
         if options["json"]:
             self.stdout.write(json.dumps(as_json(result, start)))
         else:
             self._print(result)
+
+    # -- sweep -------------------------------------------------------------------------------------------
+
+    def _sweep(self, options: dict[str, Any]) -> None:
+        path = options["sweep"]
+        try:
+            configs = read_multi_config(path)
+            runs = sweep_runs(configs, _roots(path))
+        except ConfigError as exc:
+            raise CommandError(str(exc)) from None
+        except OSError as exc:
+            raise CommandError(f"{path}: {exc.strerror}") from None
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        for run in runs:
+            for f in (run.tracefile, run.injectionfile):
+                if f and not Path(f).is_file():
+                    raise CommandError(
+                        f"{path}: {f} not found (looked beside the config and under {shared.HAIZEA})"
+                    )
+        jobs = options["jobs"] or os.cpu_count() or 1
+        try:
+            rows = sweep(runs, jobs=jobs, progress=self._bar())
+        except (TraceError, ValueError) as exc:
+            raise CommandError(str(exc)) from None
+        if options["csv"]:
+            _write_csv(options["csv"], rows)
+        if options["json"]:
+            self.stdout.write(json.dumps({"sweep": path, "runs": [sweep_record(r) for r in rows]}))
+            return
+        for row in rows:
+            self.stdout.write(_line(row))
+
+    def _bar(self) -> Any:
+        tty = sys.stderr.isatty()
+
+        def report(done: int, total: int) -> None:
+            width = 30
+            filled = width * done // total
+            bar = f"sweep [{'#' * filled}{'.' * (width - filled)}] {done}/{total} runs"
+            # On a terminal the bar redraws in place; in a log it is one line per finished run.
+            self.stderr.write(("\r" + bar) if tty else bar, ending="\n" if done == total or not tty else "")
+            self.stderr.flush()
+
+        return report
+
+    # -- single run ----------------------------------------------------------------------------------------
 
     def _progress(self, total: int) -> Any:
         last = [time.monotonic()]
@@ -57,9 +169,68 @@ class Command(BaseCommand):
 
     def _print(self, result: ReplayResult) -> None:
         m = result.metrics
-        self.stdout.write(f"{result.trace.name}: {m.leases} leases, {result.steps} steps")
+        injected = f" + {len(result.trace.injected)} injected from {result.trace.injection}"
+        extra = injected if result.trace.injection else ""
+        self.stdout.write(f"{result.trace.name}{extra}: {m.leases} leases, {result.steps} steps")
         for key, value in vars(m).items():
             self.stdout.write(f"  {key}: {'-' if value is None else round(value, 3)}")
+
+
+def _line(row: SweepRow) -> str:
+    m: Metrics = row.metrics
+    days = "-" if m.last_best_effort_end_s is None else f"{m.last_best_effort_end_s / 86400:.2f}"
+    wait = "-" if m.mean_wait_s is None else f"{m.mean_wait_s:.0f}"
+    slow = "-" if m.mean_bounded_slowdown is None else f"{m.mean_bounded_slowdown:.1f}"
+    return (
+        f"{row.profile or '-'} {row.trace} {row.injection or '(no injection)'}: {m.leases} leases, "
+        f"ARs {m.ar_accepted} accepted / {m.ar_rejected} rejected, last best-effort end {days} days, "
+        f"mean wait {wait} s, bounded slowdown {slow}, utilisation {m.utilisation:.3f} "
+        f"({row.cpu_s:.1f} s CPU)"
+    )
+
+
+def _write_csv(path: str, rows: list[SweepRow]) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=SWEEP_COLUMNS)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: "" if v is None else v for k, v in sweep_record(row).items()})
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only: no display on a server
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise CommandError(PLOT_HINT) from None
+    return plt
+
+
+def _plot(plt: Any, result: ReplayResult, path: str) -> None:
+    rows = timeline(result.scheduler)
+    days = [t / 86400 for t, _, _ in rows]
+    fig, (util_ax, queue_ax) = plt.subplots(2, 1, sharex=True, figsize=(10, 5))
+    util_ax.step(days, [u for _, u, _ in rows], where="post", linewidth=0.6)
+    util_ax.set_ylabel("CPU utilisation")
+    util_ax.set_ylim(0, 1.05)
+    queue_ax.step(days, [q for _, _, q in rows], where="post", linewidth=0.6, color="tab:orange")
+    queue_ax.set_ylabel("queued leases")
+    queue_ax.set_xlabel("days since the trace start")
+    title = result.trace.name + (f" + {result.trace.injection}" if result.trace.injection else "")
+    util_ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, format="svg")
+    plt.close(fig)
+
+
+def _roots(config_path: str | None) -> list[Path]:
+    """Where a config's foreign paths are looked for: beside it, above it, then the shared Haizea material."""
+    roots = (
+        [Path(config_path).resolve().parent, Path(config_path).resolve().parent.parent] if config_path else []
+    )
+    return [*roots, shared.HAIZEA]
 
 
 def _config(path: str | None) -> HaizeaConfig | None:
@@ -73,12 +244,10 @@ def _config(path: str | None) -> HaizeaConfig | None:
         raise CommandError(f"{path}: {exc.strerror}") from None
 
 
-def _trace(path: str | None) -> Trace:
-    if not path:
-        raise CommandError("no trace: give TRACE or a config whose [tracefile] names one")
+def _workload(tracefile: Path, injectionfile: Path | None) -> Trace:
     try:
-        return read_trace(path)
-    except TraceError as exc:
+        return load_workload(tracefile, injectionfile)
+    except (TraceError, ValueError) as exc:
         raise CommandError(str(exc)) from None
     except OSError as exc:
-        raise CommandError(f"{path}: {exc.strerror}") from None
+        raise CommandError(f"{exc.filename}: {exc.strerror}") from None
