@@ -9,7 +9,7 @@ PYTHON  ?= python3
 $(VENV): pyproject.toml
 	$(PYTHON) -m venv .venv
 	.venv/bin/pip install --quiet --upgrade pip
-	.venv/bin/pip install --quiet -e '.[dev]'
+	.venv/bin/pip install --quiet -e '.[dev,plot]'
 	touch $(VENV)
 
 install: $(VENV)

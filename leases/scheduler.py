@@ -437,14 +437,15 @@ class Scheduler:
                 raise
             for r in added:
                 self.table.remove(r.rid)
-            self._touch(n for r in added for n in r.nodes.values())
+            self._touch({n for r in added for n in (*r.nodes.values(), *r.sources.values())})
             self._broken.append((lid, f"{type(exc).__name__}: {exc}"))
             return
         for r in added:
             self._next_rid = max(self._next_rid, r.rid + 1)
             self._records[r.rid] = r
             self._push_events(r)
-            self._touch(r.nodes.values())
+            # A migration holds its sources as well as its destinations: both nodes' cached figures change.
+            self._touch({*r.nodes.values(), *r.sources.values()})
         if lease.state in (_S.QUEUED, _S.SUSPENDED_QUEUED):
             self._enqueue(lease)
         if lease.in_future:
