@@ -145,3 +145,22 @@ def test_a_failing_tick_raises_one_alert_shows_on_readyz_and_metrics_and_clears_
     actions.tick(T0 + timedelta(seconds=15))
     assert alerts.get().resolved_at is not None
     assert client.get("/readyz").json()["checks"]["scheduler"] == "ok"
+
+
+def test_a_disrupted_fleet_raises_one_alert_that_resolves_when_heartbeats_return():
+    # Five nodes, then silence from all of them while the sweep runs on: the sweep marks them offline but declares
+    # none dead, and the tick says why in one alert.
+    nodes = [one_node(T0, name=f"n{i}") for i in range(5)]
+    for seconds in range(0, 125, 5):
+        fleet_actions.sweep(T0 + timedelta(seconds=seconds))
+    actions.tick(T0 + timedelta(seconds=125))
+    actions.tick(T0 + timedelta(seconds=130))
+    alert = Alert.objects.get(kind="fleet_disrupted")
+    assert "5 of 5 nodes" in alert.message and alert.resolved_at is None
+    assert not Node.objects.filter(status="dead").exists()
+    for node in nodes:
+        beat(Node.objects.get(pk=node.pk), T0 + timedelta(seconds=131))
+    fleet_actions.sweep(T0 + timedelta(seconds=135))
+    actions.tick(T0 + timedelta(seconds=135))
+    alert.refresh_from_db()
+    assert alert.resolved_at is not None
