@@ -13,7 +13,7 @@ import psycopg
 import pytest
 import requests
 
-from leases.store import PLAN_LOCK_ID
+from slotkeeper.planlock import PLAN_LOCK_ID
 from tests.e2e.harness import Cluster, ConsoleSocket, lease_body, say, wait_for
 from tests.e2e.test_faults import all_finished, assert_invariants, burst, queue_drains, states
 
