@@ -165,3 +165,9 @@ def test_the_agents_own_heartbeat_with_generations_is_accepted(register_node):
     assert response.status_code == 200, response.content
     node.refresh_from_db()
     assert [i["id"] for i in node.reported_instances] == ["1-1-0"]
+
+
+async def test_a_nul_in_the_query_is_refused_on_the_async_path_daphne_takes_too(async_client):
+    response = await async_client.get("/api/nodes/?q=a%00b")
+    assert response.status_code == 400
+    assert "NUL" in response.json()["detail"]
