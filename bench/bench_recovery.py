@@ -47,8 +47,10 @@ def main() -> None:
 
     from fleet import actions as fleet_actions
     from fleet import capacity, placement
-    from leases import actions, recovery
-    from leases.models import Instance, Reschedule
+    from leases import actions
+    from leases.instances.actions import reschedules
+    from leases.instances.models import Reschedule
+    from leases.models import Instance
 
     settings.SLOTKEEPER = {**settings.SLOTKEEPER, "HEALTH_MAX_AGE_S": 3600}
     now = timezone.now()
@@ -107,7 +109,7 @@ def main() -> None:
     started = time.perf_counter()
     applied = 0
     for i in range(0, len(pending), args.batch):
-        results = recovery.do_approve(None, pending[i : i + args.batch], now=timezone.now())
+        results = reschedules.do_approve(None, pending[i : i + args.batch], now=timezone.now())
         applied += sum(r.ok for r in results)
     approve_s = time.perf_counter() - started
     rate = len(pending) / approve_s if approve_s else 0.0

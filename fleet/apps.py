@@ -5,14 +5,14 @@ class FleetConfig(AppConfig):
     name = "fleet"
 
     def ready(self):
-        from fleet import actions
-        from slotkeeper import metrics, periodic
+        from slotkeeper import metrics
 
-        periodic.register("fleet.sweep", actions.sweep)
+        # The sweep is not registered here: it is composed with node loss one layer up (leases/instances/apps.py).
         metrics.register_gauges(node_gauges)
 
 
 def node_gauges():
+    # Imported here: models cannot be imported before the app registry is ready.
     from django.db.models import Count
 
     from fleet.models import Node, NodeStatus

@@ -10,8 +10,12 @@ from django.utils import timezone
 
 from fleet import actions as fleet_actions
 from fleet.models import Node
-from leases import actions, recovery
-from leases.models import Alert, Group, Instance, Reschedule, RestartRecord
+from leases import actions, instance_rows
+from leases.instances import reads
+from leases.instances.actions import nodes as node_actions
+from leases.instances.actions import periodic, reschedules
+from leases.instances.models import Reschedule, RestartRecord
+from leases.models import Alert, Group, Instance
 from leases.slottable import Res  # noqa: F401  (imported for readers: vnode sizes are Res in the slot table)
 from slotkeeper.domain import DomainError, StaleVersion
 from tests.leases.conftest import vm
@@ -22,7 +26,7 @@ pytestmark = pytest.mark.django_db
 def healthy(node, now, instances=()):
     node = Node.objects.get(pk=node.pk)
     report = fleet_actions.HealthReport(node.mem_total_mib, 1000, 90.0, 1.0, 0.1, tuple(instances))
-    return fleet_actions.do_heartbeat(node, report, now=now)
+    return node_actions.do_heartbeat(node, report, now=now)
 
 
 def run_lease(now, *, vnodes=1, mem=1024, name="job", **policy) -> tuple:
@@ -40,7 +44,7 @@ def report_all(now, **status_by_iid):
     """Every node's agent reports what it runs: all placed instances running unless told otherwise."""
     for node in Node.objects.exclude(status="dead"):
         reports = []
-        for inst in Instance.objects.filter(node=node, state__in=recovery.LIVE, desired_state="running"):
+        for inst in Instance.objects.filter(node=node, state__in=instance_rows.LIVE, desired_state="running"):
             status = status_by_iid.get(inst.iid, "running")
             if status != "absent":
                 reports.append(
@@ -57,7 +61,7 @@ def test_an_active_lease_has_one_placed_instance_per_vnode_and_the_agent_confirm
         (f"{lease.pk}-2-0", "placed"),
     ]
     node = instances[0].node
-    assigned = recovery.assignments(node, now)
+    assigned = reads.assignments(node, now)
     assert {a["id"] for a in assigned} >= {instances[0].iid}
     assert all(a["desired_state"] == "running" for a in assigned)
     report_all(now)
@@ -74,7 +78,7 @@ def test_a_crash_looping_instance_is_restarted_with_backoff_then_failed(fleet):
         if inst.state == "failed":
             break
         t += timedelta(seconds=0.5)
-        actions.tick(t)  # due restarts go
+        periodic.tick(t)  # due restarts go
         inst.refresh_from_db()
         report_all(t, **{inst.iid: "exited"})
     inst.refresh_from_db()
@@ -107,7 +111,7 @@ def test_a_dead_node_loses_its_instances_and_an_approved_reschedule_moves_them(f
     lease, [inst] = run_lease(now)
     report_all(now)
     dead = inst.node
-    fleet_actions.do_declare_dead(None, dead.pk, reason="PSU failed", now=now)
+    node_actions.do_declare_dead(None, dead.pk, reason="PSU failed", now=now)
     inst.refresh_from_db()
     assert inst.state == "lost"
     proposal = Reschedule.objects.get(instance=inst)
@@ -116,7 +120,7 @@ def test_a_dead_node_loses_its_instances_and_an_approved_reschedule_moves_them(f
     assert len(proposal.report.verdicts) == 4
     assert next(v for v in proposal.report.verdicts if v["node"] == dead.name)["reason_code"] == "dead"
 
-    [result] = recovery.do_approve(None, [proposal.pk], now=now + timedelta(seconds=1))
+    [result] = reschedules.do_approve(None, [proposal.pk], now=now + timedelta(seconds=1))
     assert result.ok, result.message
     inst.refresh_from_db()
     new = Instance.objects.get(iid=result.new_instance)
@@ -146,16 +150,16 @@ def test_a_node_the_sweep_found_dead_returns_and_is_told_to_stop_what_was_moved_
     for seconds in range(5, 100, 5):
         for node in Node.objects.exclude(pk=away.pk):
             healthy(node, now + timedelta(seconds=seconds))
-        fleet_actions.sweep(now + timedelta(seconds=seconds))
+        node_actions.sweep(now + timedelta(seconds=seconds))
     assert Node.objects.get(pk=away.pk).status == "dead"
     inst.refresh_from_db()
     assert inst.state == "lost"
     proposal = Reschedule.objects.get(instance=inst)
-    [result] = recovery.do_approve(None, [proposal.pk], now=now + timedelta(seconds=100))
+    [result] = reschedules.do_approve(None, [proposal.pk], now=now + timedelta(seconds=100))
     assert result.ok, result.message
     back = healthy(away, now + timedelta(seconds=101), [{"id": inst.iid, "status": "running"}])
     assert back.status == "online"
-    [told] = [a for a in recovery.assignments(back, now + timedelta(seconds=101)) if a["id"] == inst.iid]
+    [told] = [a for a in reads.assignments(back, now + timedelta(seconds=101)) if a["id"] == inst.iid]
     assert told["desired_state"] == "stopped"
     inst.refresh_from_db()
     assert inst.state == "rescheduled"
@@ -169,13 +173,13 @@ def test_a_node_the_sweep_found_dead_returns_and_is_told_to_stop_what_was_moved_
 def test_approving_twice_is_a_conflict_and_a_stale_version_is_refused(fleet):
     now = timezone.now()
     _lease, [inst] = run_lease(now)
-    fleet_actions.do_declare_dead(None, inst.node_id, reason="gone", now=now)
+    node_actions.do_declare_dead(None, inst.node_id, reason="gone", now=now)
     proposal = Reschedule.objects.get(instance=inst)
     with pytest.raises(StaleVersion):
-        recovery.do_approve(None, [proposal.pk], now=now, versions={proposal.pk: proposal.version + 1})
-    recovery.do_approve(None, [proposal.pk], now=now)
+        reschedules.do_approve(None, [proposal.pk], now=now, versions={proposal.pk: proposal.version + 1})
+    reschedules.do_approve(None, [proposal.pk], now=now)
     with pytest.raises(DomainError, match="already applied"):
-        recovery.do_approve(None, [proposal.pk], now=now)
+        reschedules.do_approve(None, [proposal.pk], now=now)
 
 
 def test_an_instance_needing_node_hardware_is_held_with_an_alert(fleet):
@@ -186,7 +190,7 @@ def test_an_instance_needing_node_hardware_is_held_with_an_alert(fleet):
     )
     lease = actions.do_submit_lease(None, spec, now=now).lease
     inst = Instance.objects.get(lease=lease)
-    fleet_actions.do_declare_dead(None, inst.node_id, reason="power", now=now)
+    node_actions.do_declare_dead(None, inst.node_id, reason="power", now=now)
     inst.refresh_from_db()
     assert inst.state == "lost"
     assert not Reschedule.objects.exists()
@@ -198,7 +202,7 @@ def test_a_lease_that_is_not_migratable_is_held_and_a_spent_budget_fails(fleet):
     _, [held] = run_lease(now, name="pinned", migratable=False)
     _, [spent] = run_lease(now, name="spent", max_reschedules=0)
     for node_id in {held.node_id, spent.node_id}:
-        fleet_actions.do_declare_dead(None, node_id, reason="gone", now=now)
+        node_actions.do_declare_dead(None, node_id, reason="gone", now=now)
     held.refresh_from_db()
     spent.refresh_from_db()
     assert held.state == "lost"
@@ -227,10 +231,10 @@ def test_two_evacuations_of_an_anti_affinity_group_never_share_the_survivor(db):
     assert members[0].node_id != members[1].node_id
     survivor = next(n for n in nodes if n.pk not in {m.node_id for m in members})
     for m in members:
-        fleet_actions.do_declare_dead(None, m.node_id, reason="rack power", now=now)
+        node_actions.do_declare_dead(None, m.node_id, reason="rack power", now=now)
     proposals = list(Reschedule.objects.order_by("pk"))
     assert len(proposals) == 2
-    results = recovery.do_approve(None, [p.pk for p in proposals], now=now)
+    results = reschedules.do_approve(None, [p.pk for p in proposals], now=now)
     assert sorted(r.ok for r in results) == [False, True], [r.message for r in results]
     landed = Instance.objects.filter(state="placed", node=survivor)
     assert landed.count() == 1
@@ -245,18 +249,18 @@ def test_a_drain_with_a_deadline_moves_instances_a_few_at_a_time_and_stops_the_r
     now = timezone.now()
     leases = [run_lease(now, name=f"d{i}", mem=512)[0] for i in range(3)]
     node = Instance.objects.get(lease=leases[0]).node
-    on_node = list(Instance.objects.filter(node=node, state__in=recovery.LIVE))
-    fleet_actions.do_drain(
+    on_node = list(Instance.objects.filter(node=node, state__in=instance_rows.LIVE))
+    node_actions.do_drain(
         None, node.pk, reason="kernel", now=now, deadline=now + timedelta(minutes=10), max_parallel=1
     )
     assert Reschedule.objects.filter(cause="drain", status="pending").count() == len(on_node)
-    actions.tick(now + timedelta(seconds=1))
-    progress = recovery.drain_progress(Node.objects.get(pk=node.pk))
+    periodic.tick(now + timedelta(seconds=1))
+    progress = reads.drain_progress(Node.objects.get(pk=node.pk))
     applied = [m for m in progress["moves"] if m["status"] == "applied"]
     assert len(applied) == min(1, len(on_node))  # max_parallel = 1: one move in flight at a time
     assert progress["in_flight"] == len(applied)
     # The deadline passes: whatever has not moved is stopped, with an audit row.
-    actions.tick(now + timedelta(minutes=11))
+    periodic.tick(now + timedelta(minutes=11))
     assert not Instance.objects.filter(node=node, state__in=["placed", "running"]).exists()
     from slotkeeper.models import AuditEntry
 

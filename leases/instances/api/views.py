@@ -1,8 +1,8 @@
-"""Instances, reschedules, groups and alerts over the API. Every write calls leases/recovery.py."""
+"""Instances, reschedules, groups and alerts over the API, and a drain's progress. Every write calls an action of
+leases/instances/actions/; the lists filter with the same FilterSets as the console (leases/instances/filters.py)."""
 
 from __future__ import annotations
 
-from django.db import transaction
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
@@ -10,12 +10,14 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from leases import recovery
-from leases.lifecycle import IllegalTransition, InstanceState, instance_transition
-from leases.models import Alert, Group, GroupPolicy, Instance, InstanceEvent, Lease, Reschedule, RestartRecord
-from slotkeeper import audit
+from fleet.models import Node
+from leases.instances import reads
+from leases.instances.actions import alerts, groups, instances, reschedules
+from leases.instances.models import Reschedule, RestartRecord
+from leases.lifecycle import InstanceState
+from leases.models import Alert, Group, GroupPolicy, Instance, InstanceEvent, Lease
 from slotkeeper.auth import IsOperator, IsViewer
-from slotkeeper.domain import DomainError, NotFound
+from slotkeeper.domain import NotFound
 
 
 class RestartRecordSerializer(serializers.ModelSerializer):
@@ -105,29 +107,7 @@ class InstanceViewSet(viewsets.ReadOnlyModelViewSet):
         data = TransitionSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         target, reason = data.validated_data["state"], data.validated_data["reason"]
-        now = timezone.now()
-        with transaction.atomic():
-            inst = Instance.objects.select_for_update().filter(iid=iid).first()
-            if inst is None:
-                raise NotFound(f"instance {iid} does not exist")
-            try:
-                instance_transition(inst.state, target, ident=inst.iid)
-            except IllegalTransition as exc:
-                raise DomainError(str(exc)) from None
-            recovery.step(
-                inst, InstanceState(target), now, reason or f"requested by {audit.actor_label(request.user)}"
-            )
-            if target in (InstanceState.STOPPING, InstanceState.REVOKED, InstanceState.STOPPED):
-                inst.desired_state = "stopped"
-                inst.save(update_fields=["desired_state"])
-            audit.record(
-                at=now,
-                actor=request.user,
-                action="instance.transition",
-                target=inst,
-                reason=reason,
-                details={"to": target},
-            )
+        inst = instances.do_transition_instance(request.user, iid, target, now=timezone.now(), reason=reason)
         return Response(InstanceDetailSerializer(Instance.objects.get(pk=inst.pk)).data)
 
 
@@ -219,7 +199,7 @@ class RescheduleViewSet(viewsets.ReadOnlyModelViewSet):
         data = ApproveOneSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         versions = {pk: data.validated_data["version"]} if "version" in data.validated_data else None
-        [result] = recovery.do_approve(request.user, [pk], now=timezone.now(), versions=versions)
+        [result] = reschedules.do_approve(request.user, [pk], now=timezone.now(), versions=versions)
         return Response(result.as_dict())
 
     @extend_schema(request=RejectSerializer, responses={200: RescheduleSerializer})
@@ -227,7 +207,7 @@ class RescheduleViewSet(viewsets.ReadOnlyModelViewSet):
     def reject(self, request, pk=None):
         data = RejectSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        proposal = recovery.do_reject(
+        proposal = reschedules.do_reject(
             request.user, _int_pk(pk), now=timezone.now(), reason=data.validated_data["reason"]
         )
         return Response(RescheduleSerializer(proposal).data)
@@ -251,7 +231,7 @@ class RescheduleViewSet(viewsets.ReadOnlyModelViewSet):
             )
         else:
             ids = data.validated_data["ids"]
-        results = recovery.do_approve(request.user, ids, now=timezone.now()) if ids else []
+        results = reschedules.do_approve(request.user, ids, now=timezone.now()) if ids else []
         return Response({"results": [r.as_dict() for r in results]})
 
 
@@ -276,7 +256,7 @@ class GroupSerializer(serializers.ModelSerializer):
         max_per_node = attrs.get("max_per_node", getattr(self.instance, "max_per_node", 1))
         leases = attrs.get("leases", list(self.instance.leases.all()) if self.instance else [])
         if hard:
-            problem = recovery.group_violation(policy, max_per_node, [lease.pk for lease in leases])
+            problem = groups.violation(policy, max_per_node, [lease.pk for lease in leases])
             if problem:
                 raise serializers.ValidationError(
                     {"policy": f"The current members already violate it: {problem}"}
@@ -298,17 +278,19 @@ class GroupViewSet(viewsets.ModelViewSet):
             raise NotFound(f"group {self.kwargs['name']} does not exist")
         return group
 
+    # The serializer validates; the actions write (with their audit rows), never serializer.save().
     def perform_create(self, serializer):
-        group = serializer.save()
-        audit.record(at=timezone.now(), actor=self.request.user, action="group.create", target=group)
+        serializer.instance = groups.do_create_group(
+            self.request.user, now=timezone.now(), **serializer.validated_data
+        )
 
     def perform_update(self, serializer):
-        group = serializer.save()
-        audit.record(at=timezone.now(), actor=self.request.user, action="group.update", target=group)
+        serializer.instance = groups.do_update_group(
+            self.request.user, serializer.instance, now=timezone.now(), **serializer.validated_data
+        )
 
     def perform_destroy(self, instance):
-        audit.record(at=timezone.now(), actor=self.request.user, action="group.delete", target=instance)
-        instance.delete()
+        groups.do_delete_group(self.request.user, instance, now=timezone.now())
 
 
 class AlertSerializer(serializers.ModelSerializer):
@@ -339,7 +321,7 @@ class AlertViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
             alert_id = int(pk)
         except (TypeError, ValueError):
             raise NotFound(f"alert {pk} does not exist") from None
-        alert = recovery.do_resolve_alert(
+        alert = alerts.do_resolve_alert(
             request.user, alert_id, now=timezone.now(), reason=data.validated_data["reason"]
         )
         return Response(AlertSerializer(alert).data)
@@ -361,9 +343,7 @@ class DrainProgressView(APIView):
 
     @extend_schema(responses={200: dict})
     def get(self, request, node_id: int):
-        from fleet.models import Node
-
         node = Node.objects.filter(pk=node_id).first()
         if node is None:
             raise NotFound(f"node {node_id} does not exist")
-        return Response(recovery.drain_progress(node))
+        return Response(reads.drain_progress(node))

@@ -60,7 +60,6 @@ class Command(BaseCommand):
         call_command("migrate", interactive=False, verbosity=0)
         password = self.demo_admin()
         tokens = self.demo_fleet()
-        self.seed_extra()
         server = f"http://{host}:{port}"
         daphne = subprocess.Popen(
             [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "slotkeeper.asgi:application"],
@@ -145,13 +144,6 @@ class Command(BaseCommand):
         token_file.chmod(0o600)
         self.stdout.write(f"Demo fleet: {len(tokens)} nodes.")
         return tokens
-
-    def seed_extra(self) -> None:
-        """Extension point for other apps' demo data (leases register theirs)."""
-        from slotkeeper import demo_hooks
-
-        for hook in demo_hooks.hooks:
-            hook(self.stdout)
 
     def wait_until_up(self, server: str, daphne: subprocess.Popen) -> None:
         deadline = time.monotonic() + 30
