@@ -144,7 +144,7 @@ def test_a_node_the_sweep_found_dead_returns_and_is_told_to_stop_what_was_moved_
     # Not fenced (nobody declared it dead): it may come back by itself, but the instance that was rescheduled
     # while it was away must not run twice. Its agent still reports it running; the assignment says stop.
     now = timezone.now()
-    lease, [inst] = run_lease(now)
+    _lease, [inst] = run_lease(now)
     report_all(now)
     away = inst.node
     for seconds in range(5, 100, 5):
