@@ -24,6 +24,7 @@ from django_htmx.http import replace_url
 from fleet.models import Node
 from leases.instances import reads
 from leases.instances.actions import reschedules
+from leases.instances.filters import AlertFilterSet, InstanceFilterSet, RescheduleFilterSet, filtered
 from leases.instances.models import Reschedule, RescheduleStatus
 from leases.lifecycle import InstanceState
 from leases.models import Alert, Group, Instance
@@ -70,14 +71,7 @@ class InstanceFilters:
         return urlencode({k: v for k, v in self.__dict__.items() if v})
 
     def apply(self, qs: QuerySet[Instance]) -> QuerySet[Instance]:
-        if self.node:
-            # A node link carries the id; a person types the name.
-            qs = qs.filter(node_id=int(self.node)) if self.node.isdigit() else qs.filter(node__name=self.node)
-        if self.lease:
-            qs = qs.filter(lease_id=int(self.lease))
-        if self.state:
-            qs = qs.filter(state=self.state)
-        return qs
+        return filtered(InstanceFilterSet, {k: v for k, v in self.__dict__.items() if v}, qs)
 
 
 @role_required("viewer")
@@ -165,13 +159,7 @@ class RescheduleFilters:
         return urlencode({"status": self.status, **{k: v for k, v in self.__dict__.items() if v}})
 
     def apply(self, qs: QuerySet[Reschedule]) -> QuerySet[Reschedule]:
-        if self.status:
-            qs = qs.filter(status=self.status)
-        if self.group:
-            qs = qs.filter(lease__groups__name=self.group)
-        if self.cause:
-            qs = qs.filter(cause=self.cause)
-        return qs
+        return filtered(RescheduleFilterSet, {k: v for k, v in self.__dict__.items() if v}, qs)
 
 
 def proposals(f: RescheduleFilters) -> QuerySet[Reschedule]:
@@ -333,11 +321,11 @@ def reschedule_reject(request, pk: int):
 def alert_list(request):
     kind = request.GET.get("kind", "").strip()
     include_resolved = request.GET.get("resolved") == "1"
-    alerts = Alert.objects.select_related("lease", "instance", "node").defer("lease__vnodes", "lease__spec")
-    if not include_resolved:
-        alerts = alerts.filter(resolved_at=None)
-    if kind:
-        alerts = alerts.filter(kind=kind)
+    alerts = filtered(
+        AlertFilterSet,
+        {"open": "" if include_resolved else "1", "kind": kind},
+        Alert.objects.select_related("lease", "instance", "node").defer("lease__vnodes", "lease__spec"),
+    )
     rows = list(alerts[: PAGE + 1])
     query = urlencode({k: v for k, v in (("kind", kind), ("resolved", "1" if include_resolved else "")) if v})
     context = {

@@ -13,6 +13,7 @@ from rest_framework.views import APIView
 from fleet.models import Node
 from leases.instances import reads
 from leases.instances.actions import alerts, groups, instances, reschedules
+from leases.instances.filters import AlertFilterSet, InstanceFilterSet, RescheduleFilterSet, filtered
 from leases.instances.models import Reschedule, RestartRecord
 from leases.lifecycle import InstanceState
 from leases.models import Alert, Group, GroupPolicy, Instance, InstanceEvent, Lease
@@ -85,15 +86,10 @@ class InstanceViewSet(viewsets.ReadOnlyModelViewSet):
 
     def get_queryset(self):
         qs = Instance.objects.select_related("node").order_by("lease_id", "vnode", "-generation")
-        params = self.request.query_params
-        if node := params.get("node"):
-            qs = qs.filter(node__name=node) if not node.isdigit() else qs.filter(node_id=int(node))
-        if lease := params.get("lease"):
-            if not lease.isdigit():
-                raise serializers.ValidationError({"lease": "A lease id is a number."})
-            qs = qs.filter(lease_id=int(lease))
-        if state := params.get("state"):
-            qs = qs.filter(state__in=state.split(","))
+        lease = self.request.query_params.get("lease")
+        if lease and not lease.isdigit():
+            raise serializers.ValidationError({"lease": "A lease id is a number."})
+        qs = filtered(InstanceFilterSet, self.request.query_params, qs)
         if self.action == "retrieve":
             qs = qs.prefetch_related("restarts", "events")
         return qs
@@ -178,12 +174,7 @@ class RescheduleViewSet(viewsets.ReadOnlyModelViewSet):
 
     def get_queryset(self):
         qs = Reschedule.objects.select_related("instance", "proposed_node", "report", "new_instance")
-        params = self.request.query_params
-        if status_ := params.get("status"):
-            qs = qs.filter(status__in=status_.split(","))
-        if group := params.get("group"):
-            qs = qs.filter(lease__groups__name=group)
-        return qs
+        return filtered(RescheduleFilterSet, self.request.query_params, qs)
 
     @extend_schema(
         request=ApproveOneSerializer,
@@ -328,11 +319,7 @@ class AlertViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
 
     def get_queryset(self):
         qs = Alert.objects.select_related("instance", "node")
-        if self.request.query_params.get("open") in {"1", "true"}:
-            qs = qs.filter(resolved_at=None)
-        if kind := self.request.query_params.get("kind"):
-            qs = qs.filter(kind=kind)
-        return qs
+        return filtered(AlertFilterSet, self.request.query_params, qs)
 
 
 __all__ = ["AlertViewSet", "GroupPolicy", "GroupViewSet", "InstanceViewSet", "RescheduleViewSet", "status"]
