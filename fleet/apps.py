@@ -5,6 +5,7 @@ class FleetConfig(AppConfig):
     name = "fleet"
 
     def ready(self):
+        # Imported here, as in every AppConfig.ready: at module level the app registry is not ready yet.
         from slotkeeper import metrics
 
         # The sweep is not registered here: it is composed with node loss one layer up (leases/instances/apps.py).

@@ -5,6 +5,7 @@ class LeasesConfig(AppConfig):
     name = "leases"
 
     def ready(self):
+        # Imported here, as in every AppConfig.ready: at module level the app registry is not ready yet.
         from leases import reads
         from slotkeeper import metrics, ops
 

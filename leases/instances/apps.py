@@ -7,6 +7,7 @@ class InstancesConfig(AppConfig):
     verbose_name = "Instances"
 
     def ready(self):
+        # Imported here, as in every AppConfig.ready: at module level the app registry is not ready yet.
         from leases.instances.actions import periodic
         from slotkeeper import metrics
         from slotkeeper import periodic as steps

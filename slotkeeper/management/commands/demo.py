@@ -158,6 +158,7 @@ class Command(BaseCommand):
         raise SystemExit("Daphne did not answer within 30 s.")
 
     def start_agents(self, server: str, tokens, stop: threading.Event) -> None:
+        # Imported here: the agent (psutil, its drivers) is only needed once the demo starts its simulated fleet.
         from fleet.agent.main import run_simulated_agents
 
         work_root = DEMO_DIR / "agents"
