@@ -18,7 +18,8 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Case, Q, Value, When
 
-from fleet.models import HealthSample, Node, NodeStatus, SweepState
+from fleet import capacity, placement
+from fleet.models import HealthSample, Node, NodeStatus, PlacementReport, SweepState
 from slotkeeper import audit, events, metrics, planlock
 from slotkeeper.domain import DomainError, NotFound
 from slotkeeper.models import hash_token, new_token
@@ -205,6 +206,32 @@ def do_heartbeat(node: Node, report: HealthReport, *, now: datetime, committed: 
             setattr(node, field, value)
         events.send_on_commit("node-changed", node=node.pk)
     return node
+
+
+def do_preview_placement(
+    actor, need: capacity.Need, *, states: list[capacity.NodeState], now: datetime
+) -> tuple[capacity.Placement, PlacementReport]:
+    """A dry-run placement over `states` (the caller read them with the claims it knows), kept as a report with
+    every node's verdict, and audited: one transaction, nothing placed."""
+    result = placement.place(now, need, states=states)
+    with transaction.atomic():
+        report = placement.record(
+            now,
+            "preview",
+            need,
+            result,
+            requested_by=audit.actor_label(actor),
+            ids_by_name={n.name: n.id for n in states},
+        )
+        audit.record(
+            at=now,
+            actor=actor,
+            action="placement.preview",
+            target=report,
+            details={"outcome": str(result.outcome)},
+        )
+    metrics.inc("slotkeeper_placements_total", kind="preview", outcome=str(result.outcome))
+    return result, report
 
 
 def refuse_fenced(node: Node, now: datetime) -> None:

@@ -19,7 +19,6 @@ from fleet.api.views import validated
 from leases.instances import reads
 from leases.instances.actions import nodes
 from slotkeeper import metrics
-from slotkeeper.audit import actor_label
 from slotkeeper.auth import IsOperator
 
 
@@ -96,16 +95,7 @@ class PlacementPreviewView(APIView):
         )
         now = timezone.now()
         states = placement.snapshot(now, claims=reads.claims())
-        result = placement.place(now, need, states=states)
-        metrics.inc("slotkeeper_placements_total", kind="preview", outcome=str(result.outcome))
-        report = placement.record(
-            now,
-            "preview",
-            need,
-            result,
-            requested_by=actor_label(request.user),
-            ids_by_name={n.name: n.id for n in states},
-        )
+        result, report = actions.do_preview_placement(request.user, need, states=states, now=now)
         return Response(
             {
                 "outcome": str(result.outcome),
