@@ -10,7 +10,7 @@ from fleet.api.views import PlacementReportViewSet
 from leases import views as lease_views
 from leases.api.views import LeaseViewSet, SlotsView
 from leases.instances import node_views
-from leases.instances import views as recovery_views
+from leases.instances import views as instance_views
 from leases.instances.api.nodes import NodeViewSet, PlacementPreviewView
 from leases.instances.api.views import (
     AlertViewSet,
@@ -73,17 +73,17 @@ urlpatterns = [
     path("slots/", lease_views.slot_table, name="slot-table"),
     path("leases/", lease_views.lease_list, name="lease-list"),
     path("leases/<int:lease_id>/", lease_views.lease_detail, name="lease-detail"),
-    path("instances/", recovery_views.instance_list, name="instance-list"),
-    path("instances/<str:iid>/", recovery_views.instance_detail, name="instance-detail"),
-    path("reschedules/", recovery_views.reschedule_list, name="reschedule-list"),
+    path("instances/", instance_views.instance_list, name="instance-list"),
+    path("instances/<str:iid>/", instance_views.instance_detail, name="instance-detail"),
+    path("reschedules/", instance_views.reschedule_list, name="reschedule-list"),
     path(
-        "reschedules/pending-count", recovery_views.reschedule_pending_count, name="reschedule-pending-count"
+        "reschedules/pending-count", instance_views.reschedule_pending_count, name="reschedule-pending-count"
     ),
-    path("reschedules/confirm", recovery_views.reschedule_confirm, name="reschedule-confirm"),
-    path("reschedules/approve", recovery_views.reschedule_approve, name="reschedule-approve"),
-    path("reschedules/<int:pk>/reject", recovery_views.reschedule_reject, name="reschedule-reject"),
-    path("alerts/", recovery_views.alert_list, name="alert-list"),
-    path("nodes/<int:node_id>/drain-progress/", recovery_views.drain_progress, name="node-drain-progress"),
+    path("reschedules/confirm", instance_views.reschedule_confirm, name="reschedule-confirm"),
+    path("reschedules/approve", instance_views.reschedule_approve, name="reschedule-approve"),
+    path("reschedules/<int:pk>/reject", instance_views.reschedule_reject, name="reschedule-reject"),
+    path("alerts/", instance_views.alert_list, name="alert-list"),
+    path("nodes/<int:node_id>/drain-progress/", instance_views.drain_progress, name="node-drain-progress"),
     path("audit/", console_views.audit_feed, name="audit-feed"),
     path("audit.csv", console_views.audit_csv, name="audit-csv"),
     path("login/", auth_views.LoginView.as_view(template_name="login.html"), name="login"),
