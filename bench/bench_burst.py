@@ -144,6 +144,7 @@ def build_fleet(nodes: int) -> str:
     from django.utils import timezone
 
     from fleet import actions as fleet_actions
+    from leases.instances.actions import nodes as node_actions
     from slotkeeper.management.commands.issue_token import issue
 
     now = timezone.now()
@@ -158,7 +159,7 @@ def build_fleet(nodes: int) -> str:
             capabilities=["kvm"],
             now=now,
         )
-        fleet_actions.do_heartbeat(node, report, now=now)
+        node_actions.do_heartbeat(node, report, now=now)
     token = issue(OPERATOR, "operator", "burst benchmark")
     connections.close_all()
     admin(

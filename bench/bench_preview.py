@@ -174,9 +174,10 @@ class Parts:
         from django.utils import timezone
 
         from fleet import placement
+        from leases.instances.reads import claims
 
         self.now = timezone.now()
-        self.states = placement.snapshot(self.now)
+        self.states = placement.snapshot(self.now, claims=claims())
 
     def record(self) -> None:
         from fleet import placement

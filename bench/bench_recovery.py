@@ -47,8 +47,12 @@ def main() -> None:
 
     from fleet import actions as fleet_actions
     from fleet import capacity, placement
-    from leases import actions, recovery
-    from leases.models import Instance, Reschedule
+    from leases import actions
+    from leases.instances.actions import nodes as node_actions
+    from leases.instances.actions import reschedules
+    from leases.instances.models import Reschedule
+    from leases.instances.reads import claims
+    from leases.models import Instance
 
     settings.SLOTKEEPER = {**settings.SLOTKEEPER, "HEALTH_MAX_AGE_S": 3600}
     now = timezone.now()
@@ -62,7 +66,7 @@ def main() -> None:
             capabilities=[],
             now=now,
         )
-        fleet_actions.do_heartbeat(node, fleet_actions.HealthReport(262144, 4096, 1500.0, 5.0, 0.5), now=now)
+        node_actions.do_heartbeat(node, fleet_actions.HealthReport(262144, 4096, 1500.0, 5.0, 0.5), now=now)
     total = args.nodes * args.per_node
     print(f"submitting {total} one-VM leases to {args.nodes} nodes …", file=sys.stderr, flush=True)
     started = time.perf_counter()
@@ -83,7 +87,7 @@ def main() -> None:
     lost_expected = sum(row["n"] for row in busiest)
 
     # Baseline: the placer alone, for one instance over this fleet.
-    states = placement.snapshot(timezone.now())
+    states = placement.snapshot(timezone.now(), claims=claims())
     need = capacity.Need(mem_mib=2048, disk_gib=1, cpu_cores=1)
     times = []
     for _ in range(50):
@@ -99,7 +103,7 @@ def main() -> None:
     )
     started = time.perf_counter()
     for row in busiest:
-        fleet_actions.do_declare_dead(None, row["node_id"], reason="bench", now=timezone.now())
+        node_actions.do_declare_dead(None, row["node_id"], reason="bench", now=timezone.now())
     proposals_s = time.perf_counter() - started
     pending = list(Reschedule.objects.filter(status="pending").order_by("pk").values_list("pk", flat=True))
 
@@ -107,7 +111,7 @@ def main() -> None:
     started = time.perf_counter()
     applied = 0
     for i in range(0, len(pending), args.batch):
-        results = recovery.do_approve(None, pending[i : i + args.batch], now=timezone.now())
+        results = reschedules.do_approve(None, pending[i : i + args.batch], now=timezone.now())
         applied += sum(r.ok for r in results)
     approve_s = time.perf_counter() - started
     rate = len(pending) / approve_s if approve_s else 0.0

@@ -1,6 +1,8 @@
 """The only write paths of the fleet: register, update, delete, heartbeat, drain / undrain, declare dead, sweep.
 
-Each action is one transaction, writes an audit row when an operator-visible state changes, and announces the change
+Fleet knows nothing of what runs on its nodes: what a node's death, a drain's deadline or a heartbeat's instance
+reports mean for instances is the instances package's (leases/instances/actions/nodes.py), which calls these
+actions inside its own transaction and then does its part. Each action is one transaction, writes an audit row when an operator-visible state changes, and announces the change
 only after commit. Status changes are compare-and-swap updates (`filter(status=OLD).update(status=NEW)`), so a sweep
 and a heartbeat racing on one node cannot both apply: the loser's update matches no row.
 """
@@ -8,6 +10,7 @@ and a heartbeat racing on one node cannot both apply: the loser's update matches
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -15,8 +18,8 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Case, Q, Value, When
 
-from fleet.models import HealthSample, Node, NodeStatus, SweepState
-from fleet.signals import instances_reported, node_draining, nodes_died
+from fleet import capacity, placement
+from fleet.models import HealthSample, Node, NodeStatus, PlacementReport, SweepState
 from slotkeeper import audit, events, metrics, planlock
 from slotkeeper.domain import DomainError, NotFound
 from slotkeeper.models import hash_token, new_token
@@ -103,25 +106,24 @@ def do_update_node(actor, node_id: int, changes: dict, *, now: datetime) -> Node
     return node
 
 
-def running_instance_count(node: Node, now: datetime) -> int:
-    """Instances that occupy the node: what its agent reports, and what the leases app has placed there."""
-    from fleet.placement import snapshot
-
-    state = snapshot(now, [node])[0]
-    ids = {c.id for c in (*state.running, *state.pending)}
+def running_instance_count(node: Node, placed: Collection[str]) -> int:
+    """Instances that occupy the node: what its agent reports, and what the server has placed there (`placed`,
+    from the caller that knows instances), unioned by id."""
+    ids = set(placed)
     ids.update(str(i.get("id") if isinstance(i, dict) else i) for i in node.reported_instances or ())
     return len(ids)
 
 
-def do_delete_node(actor, node_id: int, *, now: datetime) -> None:
+def do_delete_node(actor, node_id: int, *, now: datetime, placed: Collection[str] = ()) -> None:
     """Deletes a node that holds nothing: no instance, and no reservation that is running or still to come.
 
     Deleting one that still held reservations took its allocations with it while the reservations kept naming it,
-    and every later tick, submission and cancel failed. Under the plan lock, so no plan lands on it meanwhile."""
+    and every later tick, submission and cancel failed. Under the plan lock, so no plan lands on it meanwhile;
+    the caller reads `placed` (the instances placed on it) under the same lock."""
     with transaction.atomic():
         planlock.take()
         node = get_node(node_id, lock=True)
-        running = running_instance_count(node, now)
+        running = running_instance_count(node, placed)
         if running:
             raise DomainError(f"node {node.name} still runs {running} instance(s); drain it first")
         # Through the reverse relation: the fleet does not import the lease app.
@@ -151,8 +153,11 @@ class Fenced(DomainError):
     """A heartbeat from a node an operator declared dead: it stays out until an admin re-admits it (409)."""
 
 
-def do_heartbeat(node: Node, report: HealthReport, *, now: datetime) -> Node:
+def do_heartbeat(node: Node, report: HealthReport, *, now: datetime, committed: bool = False) -> Node:
     """Stores the latest health on the node row and one history sample; brings an offline or dead node back.
+
+    `committed` says whether the server has work placed on the node (the caller knows instances; fleet does not):
+    only a node with nothing reported and nothing committed has its idle footprint remembered.
 
     It never takes a node out of draining: a drain is an operator's decision, and a heartbeat only says the machine
     is reachable. A node that returns from offline/dead comes back as draining when it was drained before. A fenced
@@ -171,17 +176,15 @@ def do_heartbeat(node: Node, report: HealthReport, *, now: datetime) -> Node:
         "reported_instances": instances,
     }
     # Seed 001: an idle node is the only time its own footprint is measured rather than inferred, so remember it.
-    if not instances and not _has_commitments(node, now):
+    if not instances and not committed:
         fields["idle_baseline_mib"] = report.mem_used_mib
     every = settings.SLOTKEEPER["HEALTH_SAMPLE_EVERY_S"]
     sample = node.last_sample_at is None or (now - node.last_sample_at).total_seconds() >= every
     if sample:
         fields["last_sample_at"] = now
     with transaction.atomic():
-        # Instance rows first, node row after: the lock order every writer shares (lease, then instances by id,
-        # then nodes by id). The reports are ingested under those row locks, so a cancel that changes the same
-        # instances waits for this heartbeat, or this heartbeat for it, and neither overwrites the other.
-        instances_reported.send(sender=Node, node=node, reports=instances, now=now)
+        # The node row last: the caller ingested the instance reports first in the same transaction (the lock
+        # order every writer shares: lease, then instances by id, then nodes by id).
         updated = Node.objects.filter(pk=node.pk, fenced_at=None).update(**fields)
         if not updated:
             # Declared dead (and fenced) between the read above and now: refuse like any fenced heartbeat.
@@ -205,6 +208,32 @@ def do_heartbeat(node: Node, report: HealthReport, *, now: datetime) -> Node:
     return node
 
 
+def do_preview_placement(
+    actor, need: capacity.Need, *, states: list[capacity.NodeState], now: datetime
+) -> tuple[capacity.Placement, PlacementReport]:
+    """A dry-run placement over `states` (the caller read them with the claims it knows), kept as a report with
+    every node's verdict, and audited: one transaction, nothing placed."""
+    result = placement.place(now, need, states=states)
+    with transaction.atomic():
+        report = placement.record(
+            now,
+            "preview",
+            need,
+            result,
+            requested_by=audit.actor_label(actor),
+            ids_by_name={n.name: n.id for n in states},
+        )
+        audit.record(
+            at=now,
+            actor=actor,
+            action="placement.preview",
+            target=report,
+            details={"outcome": str(result.outcome)},
+        )
+    metrics.inc("slotkeeper_placements_total", kind="preview", outcome=str(result.outcome))
+    return result, report
+
+
 def refuse_fenced(node: Node, now: datetime) -> None:
     # Remember that it still calls (the node page shows it), outside the refused work's transaction.
     Node.objects.filter(pk=node.pk).update(last_fenced_heartbeat_at=now)
@@ -214,16 +243,6 @@ def refuse_fenced(node: Node, now: datetime) -> None:
         "stop every instance and wait until an admin re-admits it",
         extra={"code": "fenced", "node": node.name},
     )
-
-
-def _has_commitments(node: Node, now: datetime) -> bool:
-    from fleet.placement import _claim_providers
-
-    for provider in _claim_providers:
-        run, pend = provider(now, [node.pk]).get(node.pk, ((), ()))
-        if run or pend:
-            return True
-    return False
 
 
 def _bring_back(node: Node, now: datetime) -> None:
@@ -272,8 +291,9 @@ def do_drain(
     deadline: datetime | None = None,
     max_parallel: int = 2,
 ) -> Node:
-    """Stops new work landing on the node. With a deadline it is a process: the node's instances are proposed for
-    moves that the tick applies at most `max_parallel` at a time; whatever is left at the deadline is stopped."""
+    """Stops new work landing on the node. With a deadline it is a process (the instances package proposes the
+    node's instances for moves, applies at most `max_parallel` at a time, and stops what is left at the deadline);
+    the drain fields recorded here are what it reads."""
     reason = (reason or "").strip()
     if deadline is not None and deadline <= now:
         raise DomainError("the drain deadline must be in the future")
@@ -308,8 +328,6 @@ def do_drain(
                 "max_parallel": max_parallel,
             },
         )
-        if deadline is not None:
-            node_draining.send(sender=Node, node=node, now=now)
         events.send_on_commit("node-changed", node=node.pk)
     return node
 
@@ -344,7 +362,8 @@ def do_undrain(actor, node_id: int, *, reason: str = "", now: datetime) -> Node:
 
 
 def do_declare_dead(actor, node_id: int, *, reason: str, now: datetime) -> Node:
-    """An operator's word that the machine is gone: its instances are lost, and it is fenced until re-admitted.
+    """An operator's word that the machine is gone: it is dead and fenced until re-admitted. Its instances are lost
+    by the caller, in the same transaction (leases/instances/actions/nodes.py).
 
     Under the plan lock, so an approval or a submission either committed before (and its instances on this node
     are lost with the rest) or plans after, and sees the node dead."""
@@ -438,7 +457,6 @@ def _mark_dead(
     node.version += 1
     node.save(update_fields=["status", "status_changed_at", "status_reason", "version", *(extra or [])])
     audit.record(at=now, actor=actor, action=action, target=node, reason=reason, details={"from": previous})
-    nodes_died.send(sender=Node, node_ids=[node.pk], now=now, reason=reason)
     events.send_on_commit("node-changed", node=node.pk)
 
 
@@ -460,6 +478,9 @@ class SweepResult:
     # Set while more than DISRUPTION_SHARE of the fleet is silent at once: nobody is declared dead.
     disrupted: bool = False
     note: str = ""
+    # Nodes silent since before this are dead; None while the fleet is disrupted or the grace still runs. The
+    # caller declares them, one transaction each, with `declare_silent_dead` (and loses what ran on them).
+    dead_cutoff: datetime | None = None
 
 
 def _sweep_state(now: datetime) -> tuple[SweepState, float | None]:
@@ -479,8 +500,9 @@ def _sweep_state(now: datetime) -> tuple[SweepState, float | None]:
 
 
 def sweep(now: datetime) -> SweepResult:
-    """Marks silent nodes offline (after OFFLINE_AFTER_S) and then dead (after DEAD_AFTER_S more); trims the
-    health history.
+    """Marks silent nodes offline (after OFFLINE_AFTER_S), says from when on a silent node is dead (after
+    DEAD_AFTER_S more: `dead_cutoff`, declared by the caller with `silent_dead` and `declare_silent_dead`), and
+    trims the health history.
 
     Two guards keep the sweep from mistaking its own trouble for the fleet's: silence is counted from the latest
     of a node's last heartbeat and `grace_from` (when the sweep came back after being away), and while more than
@@ -524,18 +546,8 @@ def sweep(now: datetime) -> SweepResult:
                     events.send_on_commit("node-changed", node=node.pk)
                     result.offline.append(node.name)
     if not disrupted and (grace_from is None or grace_from <= now - timedelta(seconds=_dead_after())):
-        _declare_silent_dead(now, dead_cutoff, result)
+        result.dead_cutoff = dead_cutoff
     result.trimmed_samples = trim_health_history(now)
-    if result.offline or result.dead or result.resumed_after_s is not None:
-        log.info(
-            "sweep",
-            extra={
-                "offline": result.offline,
-                "dead": result.dead,
-                "resumed_after_s": result.resumed_after_s,
-                "disrupted": result.disrupted,
-            },
-        )
     return result
 
 
@@ -578,32 +590,42 @@ def _disruption(state: SweepState, now: datetime, cutoff: datetime, grace_from, 
     return disrupted
 
 
-def _declare_silent_dead(now: datetime, dead_cutoff: datetime, result: SweepResult) -> None:
-    gone = Q(last_heartbeat_at__lt=dead_cutoff) | Q(last_heartbeat_at=None, status_changed_at__lt=dead_cutoff)
+def _gone(dead_cutoff: datetime) -> Q:
+    return Q(last_heartbeat_at__lt=dead_cutoff) | Q(last_heartbeat_at=None, status_changed_at__lt=dead_cutoff)
+
+
+def silent_dead(dead_cutoff: datetime) -> list[int]:
+    """The nodes silent since before `dead_cutoff` and not dead yet (a node registered but never heard from stays
+    offline: there is nothing on it to lose)."""
     candidates = (
-        Node.objects.filter(gone)
+        Node.objects.filter(_gone(dead_cutoff))
         .exclude(status=NodeStatus.DEAD)
         .exclude(last_heartbeat_at=None, status=NodeStatus.OFFLINE)
     )
-    for node in candidates.only("id", "name", "status"):
-        with transaction.atomic():
-            # The plan lock first (every writer's order), then the node: an approval planning onto this node
-            # either commits before (and its instance is lost with the rest) or plans after and sees it dead.
-            planlock.take()
-            locked = Node.objects.select_for_update().filter(pk=node.pk).filter(gone).first()
-            if locked is None or locked.status == NodeStatus.DEAD:
-                continue
-            silent_for = (
-                int((now - locked.last_heartbeat_at).total_seconds()) if locked.last_heartbeat_at else None
-            )
-            _mark_dead(
-                locked,
-                now,
-                reason=f"no heartbeat for {silent_for} s" if silent_for is not None else "never reported",
-                actor=None,
-                action="node.dead",
-            )
-            result.dead.append(node.name)
+    return list(candidates.order_by("id").values_list("id", flat=True))
+
+
+def declare_silent_dead(node_id: int, now: datetime, dead_cutoff: datetime) -> Node | None:
+    """Declares one silent node dead, or None when it spoke meanwhile (or is dead already). Runs inside the
+    caller's transaction, which loses the node's instances in it too."""
+    with transaction.atomic():
+        # The plan lock first (every writer's order), then the node: an approval planning onto this node
+        # either commits before (and its instance is lost with the rest) or plans after and sees it dead.
+        planlock.take()
+        locked = Node.objects.select_for_update().filter(pk=node_id).filter(_gone(dead_cutoff)).first()
+        if locked is None or locked.status == NodeStatus.DEAD:
+            return None
+        silent_for = (
+            int((now - locked.last_heartbeat_at).total_seconds()) if locked.last_heartbeat_at else None
+        )
+        _mark_dead(
+            locked,
+            now,
+            reason=f"no heartbeat for {silent_for} s" if silent_for is not None else "never reported",
+            actor=None,
+            action="node.dead",
+        )
+    return locked
 
 
 def trim_health_history(now: datetime) -> int:

@@ -1,5 +1,7 @@
 """Django admin for the fleet. Every change goes through fleet/actions.py, exactly as the API's do: the admin's
-own save is replaced, and drain / undrain ask for a reason on an intermediate page."""
+own save is replaced, and drain / undrain ask for a reason on an intermediate page. The node admin the site shows
+is composed one layer up (leases/instances/admin.py), so that a drain, a declare-dead or a delete also acts on
+the node's instances."""
 
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ class NodeCreateForm(forms.ModelForm):
         fields = ["name", "cpu_cores", "mem_total_mib", "disk_total_gib", "capabilities"]
 
 
-def _with_reason(modeladmin, request, queryset, *, title: str, apply, optional: bool = False):
+def with_reason(modeladmin, request, queryset, *, title: str, apply, optional: bool = False):
     form = ReasonForm(request.POST if "apply" in request.POST else None)
     if optional:
         form.fields["reason"].required = False
@@ -55,28 +57,16 @@ def _with_reason(modeladmin, request, queryset, *, title: str, apply, optional: 
     )
 
 
-@admin.action(description="Drain selected nodes (asks for a reason)", permissions=["change"])
-def drain_nodes(modeladmin, request, queryset):
-    return _with_reason(modeladmin, request, queryset, title="Drain", apply=actions.do_drain)
-
-
 @admin.action(description="Undrain selected nodes", permissions=["change"])
 def undrain_nodes(modeladmin, request, queryset):
-    return _with_reason(
+    return with_reason(
         modeladmin, request, queryset, title="Undrain", apply=actions.do_undrain, optional=True
     )
 
 
-@admin.action(
-    description="Declare selected nodes dead (fences them; asks for a reason)", permissions=["change"]
-)
-def declare_nodes_dead(modeladmin, request, queryset):
-    return _with_reason(modeladmin, request, queryset, title="Declare dead", apply=actions.do_declare_dead)
-
-
 @admin.action(description="Re-admit selected fenced nodes (asks for a reason)", permissions=["change"])
 def readmit_nodes(modeladmin, request, queryset):
-    return _with_reason(modeladmin, request, queryset, title="Re-admit", apply=actions.do_readmit)
+    return with_reason(modeladmin, request, queryset, title="Re-admit", apply=actions.do_readmit)
 
 
 @admin.register(Node)
@@ -92,7 +82,8 @@ class NodeAdmin(admin.ModelAdmin):
     ]
     list_filter = ["status"]
     search_fields = ["name"]
-    actions = [drain_nodes, undrain_nodes, declare_nodes_dead, readmit_nodes]
+    # Drain and declare-dead are added by the composed admin (leases/instances/admin.py): they act on instances.
+    actions = [undrain_nodes, readmit_nodes]
     readonly_fields = [
         "status",
         "status_reason",
@@ -155,9 +146,13 @@ class NodeAdmin(admin.ModelAdmin):
     def _delete(self, request, node):
         # A node that still runs instances or holds reservations is refused with the reason, not a server error.
         try:
-            actions.do_delete_node(request.user, node.pk, now=timezone.now())
+            self.delete_node(request, node)
         except DomainError as exc:
             self.message_user(request, str(exc), messages.ERROR)
+
+    def delete_node(self, request, node):
+        # Fleet alone knows no instances; the composed admin (leases/instances/admin.py) counts them too.
+        actions.do_delete_node(request.user, node.pk, now=timezone.now())
 
 
 @admin.register(PlacementReport)

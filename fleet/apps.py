@@ -5,14 +5,15 @@ class FleetConfig(AppConfig):
     name = "fleet"
 
     def ready(self):
-        from fleet import actions
-        from slotkeeper import metrics, periodic
+        # Imported here, as in every AppConfig.ready: at module level the app registry is not ready yet.
+        from slotkeeper import metrics
 
-        periodic.register("fleet.sweep", actions.sweep)
+        # The sweep is not registered here: it is composed with node loss one layer up (leases/instances/apps.py).
         metrics.register_gauges(node_gauges)
 
 
 def node_gauges():
+    # Imported here: models cannot be imported before the app registry is ready.
     from django.db.models import Count
 
     from fleet.models import Node, NodeStatus

@@ -14,27 +14,59 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any, NamedTuple
+from typing import Any
 
-# Held back for the host: agent, OS, page cache, and the margin that keeps a node out of swap. A node in swap
-# slows every instance on it at once, which costs more than the memory kept idle here.
-HOST_RESERVE_MIB = 4096
-
-# The least we believe a host's own footprint can be. Without it, a node reporting less used memory than its
-# instances have claimed would infer a negative baseline and hand out memory the host is really using.
-BASELINE_FLOOR_MIB = 2048
-
-# Instance disk may never drive a node below this: images and collected outputs share the filesystem on some
-# nodes, and a full disk fails every instance on the node, not just the newest.
-DISK_RESERVE_GIB = 20
+# A node and its memory arithmetic live in fleet/nodestate.py; re-exported, as the placer's vocabulary.
+from fleet.nodestate import (
+    BASELINE_FLOOR_MIB as BASELINE_FLOOR_MIB,
+)
+from fleet.nodestate import (
+    DISK_RESERVE_GIB as DISK_RESERVE_GIB,
+)
+from fleet.nodestate import (
+    HOST_RESERVE_MIB as HOST_RESERVE_MIB,
+)
+from fleet.nodestate import (
+    METRICS_MAX_AGE_S as METRICS_MAX_AGE_S,
+)
+from fleet.nodestate import (
+    Claim as Claim,
+)
+from fleet.nodestate import (
+    Limits as Limits,
+)
+from fleet.nodestate import (
+    MemoryUse as MemoryUse,
+)
+from fleet.nodestate import (
+    NodeState as NodeState,
+)
+from fleet.nodestate import (
+    committed_claims as committed_claims,
+)
+from fleet.nodestate import (
+    committed_mib,
+    mem_limit,
+)
+from fleet.nodestate import (
+    effective_use as effective_use,
+)
+from fleet.nodestate import (
+    headroom_of as headroom_of,
+)
+from fleet.nodestate import (
+    host_baseline_mib as host_baseline_mib,
+)
+from fleet.nodestate import (
+    node_limits as node_limits,
+)
+from fleet.nodestate import (
+    split_claims as split_claims,
+)
 
 # Health older than this and the node's memory is a guess, so it is ineligible. Close to the sweep that marks
 # a node offline, so the window in which a node is "online with unreadable memory" stays narrow.
 HEALTH_MAX_AGE_S = 30.0
-
-# CPU readings older than this rank as zero headroom. Headroom only breaks ties, so staleness demotes a node
-# instead of excluding it; exclusion is the health check's job.
-METRICS_MAX_AGE_S = 60.0
 
 # A failure message lists this many nodes; the verdicts carry the rest. A 1,000-node report nobody can read.
 REPORT_LINES = 10
@@ -107,39 +139,6 @@ class Need:
 
 
 @dataclass(frozen=True)
-class Claim:
-    """A commitment on a node, identified so that running and pending are unioned by id."""
-
-    id: str
-    mem_mib: int
-    disk_gib: int = 0
-    cpu_cores: float = 0.0
-
-
-@dataclass(frozen=True)
-class NodeState:
-    """A plain snapshot of one node, read from the database by fleet/placement.py."""
-
-    id: int
-    name: str
-    status: str  # "online" | "draining" | "offline" | "dead"
-    capabilities: frozenset[str]
-    cpu_cores: int  # declared
-    mem_total_mib: int  # declared
-    disk_total_gib: int  # declared
-    health_age_s: float | None  # seconds since the last heartbeat; None = never reported
-    observed_mem_total_mib: int | None = None  # from the last heartbeat; None = unreadable
-    observed_mem_used_mib: int | None = None
-    disk_free_gib: float | None = None
-    cpu_pct: float | None = None
-    idle_baseline_mib: int | None = None  # remembered idle reading
-    running: tuple[Claim, ...] = ()  # reported running by the agent
-    pending: tuple[Claim, ...] = ()  # placed, not yet started
-    # Age of cpu_pct when it comes from somewhere other than the heartbeat; None = it came with the heartbeat.
-    metrics_age_s: float | None = None
-
-
-@dataclass(frozen=True)
 class Unfit:
     """What a check returns to exclude a node."""
 
@@ -205,99 +204,6 @@ def _verdict(
 Check = Callable[[NodeState, Need, Sequence[str]], Unfit | None]
 
 
-class MemoryUse(NamedTuple):
-    """A node's memory as the placer charges it, in MiB."""
-
-    observed_mib: int
-    committed_mib: int
-    effective_mib: int
-
-
-class Limits(NamedTuple):
-    """The most one instance could ever get on a node with nothing else placed on it."""
-
-    mem_mib: int
-    disk_gib: int
-    cpu_cores: int
-
-
-# ------------------------------------------------------------------------------------------------------------
-# Arithmetic
-
-
-def split_claims(node: NodeState) -> tuple[tuple[Claim, ...], tuple[Claim, ...]]:
-    """(running, pending not yet running), each id once: the union by id, kept in its two halves.
-
-    Adding the two lists would shrink the fleet by the number of instances currently starting; ignoring
-    pending would let two placements a second apart both take the last slot. The halves stay apart because
-    only running instances show up in observed memory and disk.
-    """
-    if not node.pending:
-        return node.running, ()
-    ids = {c.id for c in node.running}
-    return node.running, tuple(c for c in node.pending if c.id not in ids)
-
-
-def committed_claims(node: NodeState) -> tuple[Claim, ...]:
-    """Running and pending unioned by id: an instance placed and since started is one claim, not two."""
-    running, pending = split_claims(node)
-    return running + pending
-
-
-def host_baseline_mib(observed_used_mib: int, running_mib: int, remembered_mib: int | None) -> int:
-    """What the host itself costs, excluding the instances running on it.
-
-    With nothing running it is simply what the node reports. With instances running it can only be
-    remembered or inferred, and inference alone fails on young instances: subtracting their FULL claim from
-    observed use assumes they have touched it all. Measured on morpheus (31757 MiB, 4314 idle): two young
-    8 GiB VMs showed 6314 used, the inference went negative, clamped to the floor, and freed exactly enough
-    for a third VM on a 2-slot node. So take the larger of the remembered idle reading and the inference, so
-    a host doing real work outside its instances is still charged for it.
-
-    Only RUNNING claims are subtracted: a pending instance has touched no memory, and subtracting its claim
-    too let a node idle at 16385 MiB take a fifth 8 GiB instance it had no room for (found by the property
-    test in tests/fleet/test_capacity.py).
-    """
-    if running_mib == 0:
-        return max(observed_used_mib, BASELINE_FLOOR_MIB)
-    inferred = observed_used_mib - running_mib
-    return max(inferred, remembered_mib or 0, BASELINE_FLOOR_MIB)
-
-
-def effective_use(node: NodeState) -> MemoryUse | None:
-    """Observed, committed and effective (the worse of the two) memory use; None when memory is unreadable."""
-    observed = node.observed_mem_used_mib
-    if observed is None:
-        return None
-    running, pending = split_claims(node)
-    running_mib = sum(c.mem_mib for c in running)
-    committed = _committed(observed, running_mib, sum(c.mem_mib for c in pending), node.idle_baseline_mib)
-    return MemoryUse(observed, committed, max(observed, committed))
-
-
-def _committed(observed_mib: int, running_mib: int, pending_mib: int, remembered_mib: int | None) -> int:
-    # Observed alone under-counts a freshly booted instance; committed alone under-counts a host busy with
-    # work of its own. Callers charge the worse of the two, which is what the node can be trusted to have.
-    return running_mib + pending_mib + host_baseline_mib(observed_mib, running_mib, remembered_mib)
-
-
-def node_limits(node: NodeState) -> Limits:
-    """What one instance could get on this node when empty, from declared totals (known even offline)."""
-    return Limits(_mem_limit(node), node.disk_total_gib - DISK_RESERVE_GIB, node.cpu_cores)
-
-
-def _mem_limit(node: NodeState) -> int:
-    return node.mem_total_mib - HOST_RESERVE_MIB - max(node.idle_baseline_mib or 0, BASELINE_FLOOR_MIB)
-
-
-def headroom_of(node: NodeState) -> float:
-    """Live idle CPU in percent, for tie-breaking; 0 when the reading is missing or stale."""
-    age = node.metrics_age_s if node.metrics_age_s is not None else node.health_age_s
-    if node.cpu_pct is None or age is None or age > METRICS_MAX_AGE_S:
-        return 0.0
-    return max(0.0, 100.0 - node.cpu_pct)
-
-
 # ------------------------------------------------------------------------------------------------------------
 # One node
 
@@ -330,7 +236,7 @@ def _assess_builtin(node: NodeState, need: Need, health_max_age_s: float) -> Ver
 def _exceeds(node: NodeState, need: Need) -> bool:
     """True when one instance is larger than this node could hold with nothing else on it."""
     return (
-        need.mem_mib > _mem_limit(node)
+        need.mem_mib > mem_limit(node)
         or (need.disk_gib > 0 and need.disk_gib > node.disk_total_gib - DISK_RESERVE_GIB)
         or (need.cpu_cores > 0 and need.cpu_cores > node.cpu_cores + _CORE_EPSILON)
     )
@@ -421,7 +327,7 @@ def _capacity(node: NodeState, need: Need) -> Verdict:
         # Running instances' disk is already out of disk_free; pending ones have not written theirs yet.
         disk_pending += c.disk_gib
     observed = node.observed_mem_used_mib
-    committed = _committed(observed, running_mib, pending_mib, node.idle_baseline_mib)
+    committed = committed_mib(observed, running_mib, pending_mib, node.idle_baseline_mib)
     effective = max(observed, committed)
     # The smaller of declared and observed: an operator may cap what Slotkeeper uses, and a machine that lost
     # a DIMM reports less than it was declared with. Either way the smaller number is the one that holds.

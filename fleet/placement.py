@@ -6,7 +6,7 @@ decision rule lives in capacity.py, so the live service, the preview API and the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from datetime import datetime
 
@@ -15,16 +15,9 @@ from django.conf import settings
 from fleet import capacity
 from fleet.models import Node, PlacementReport
 
-# Other apps contribute commitments (instances placed or running, reservations in force) per node id. The leases
-# app registers its provider at start-up; keeping the hook here keeps fleet free of imports from leases.
-ClaimProvider = Callable[[datetime, Sequence[int]], Mapping[int, tuple[tuple, tuple]]]
-_claim_providers: list[ClaimProvider] = []
-
-
-def register_claim_provider(provider: ClaimProvider) -> None:
-    if provider not in _claim_providers:
-        _claim_providers.append(provider)
-
+# Commitments per node id: (running claims, pending claims). Fleet does not know what runs on its nodes; the
+# caller that does (the instances package) reads them and passes them in as plain values.
+Claims = Mapping[int, tuple[Sequence[capacity.Claim], Sequence[capacity.Claim]]]
 
 NODE_FIELDS = (
     "id",
@@ -44,19 +37,13 @@ NODE_FIELDS = (
 
 
 def snapshot(
-    now: datetime, nodes: Sequence[Node] | None = None, *, with_claims: bool = True
+    now: datetime, nodes: Sequence[Node] | None = None, *, claims: Claims | None = None
 ) -> list[capacity.NodeState]:
-    """The whole fleet (or the given rows) as plain values, with commitments from every claim provider (skip them
-    with `with_claims=False` when only liveness matters: they are the expensive part)."""
+    """The whole fleet (or the given rows) as plain values, with the commitments the caller read (`claims`; none
+    when only liveness matters)."""
     rows = list(nodes) if nodes is not None else list(Node.objects.only(*NODE_FIELDS).order_by("id"))
-    ids = [n.pk for n in rows]
-    running: dict[int, list[capacity.Claim]] = {}
-    pending: dict[int, list[capacity.Claim]] = {}
-    for provider in _claim_providers if with_claims else ():
-        for node_id, (run, pend) in provider(now, ids).items():
-            running.setdefault(node_id, []).extend(run)
-            pending.setdefault(node_id, []).extend(pend)
-    return [to_state(n, now, tuple(running.get(n.pk, ())), tuple(pending.get(n.pk, ()))) for n in rows]
+    given = claims or {}
+    return [to_state(n, now, *given.get(n.pk, ((), ()))) for n in rows]
 
 
 def states_from_rows(now: datetime) -> list[capacity.NodeState]:
@@ -114,9 +101,9 @@ def place(
     *,
     checks: Sequence[capacity.Check] = (),
     penalties: Mapping[str, int] | None = None,
-    states: Sequence[capacity.NodeState] | None = None,
+    states: Sequence[capacity.NodeState],
 ) -> capacity.Placement:
-    fleet = states if states is not None else snapshot(now)
+    fleet = states
     return capacity.place(
         fleet,
         need,

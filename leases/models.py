@@ -1,4 +1,6 @@
-"""Leases, the slot table's rows (reservations) and their per-node allocations, and each lease's state history."""
+"""Leases, the slot table's rows (reservations) and their per-node allocations, each lease's state history, the
+instance rows of its vnodes with their history, the groups it belongs to, and alerts. Restart records and
+reschedules belong to the instances package (leases/instances/models.py)."""
 
 from __future__ import annotations
 
@@ -225,30 +227,6 @@ class InstanceEvent(models.Model):
         return f"{self.instance_id}: {self.from_state} → {self.to_state}"
 
 
-class RestartDecisionKind(models.TextChoices):
-    RESTART = "restart", "restart now"
-    WAIT = "wait", "wait"
-    EXHAUSTED = "exhausted", "exhausted"
-
-
-class RestartRecord(models.Model):
-    """Every restart decision: when, which attempt, why, what was decided, and when it may go next."""
-
-    instance = models.ForeignKey(Instance, on_delete=models.CASCADE, related_name="restarts")
-    at = models.DateTimeField()
-    attempt = models.PositiveIntegerField()
-    reason = models.TextField()
-    decision = models.CharField(max_length=16, choices=RestartDecisionKind.choices)
-    next_eligible_at = models.DateTimeField(null=True, blank=True)
-    explanation = models.TextField(blank=True)
-
-    class Meta:
-        ordering = ["at", "id"]
-
-    def __str__(self) -> str:
-        return f"{self.instance_id} attempt {self.attempt}: {self.decision}"
-
-
 class GroupPolicy(models.TextChoices):
     AFFINITY = "affinity", "affinity"
     ANTI_AFFINITY = "anti_affinity", "anti-affinity"
@@ -274,53 +252,6 @@ class Group(models.Model):
 
     def __str__(self) -> str:
         return self.name
-
-
-class RescheduleStatus(models.TextChoices):
-    PENDING = "pending", "pending"
-    APPLIED = "applied", "applied"
-    REJECTED = "rejected", "rejected"
-
-
-class Reschedule(models.Model):
-    """A proposal to move a lost (or drained) instance to another node, waiting for an operator (or auto-approved).
-
-    `version` rises whenever the proposal is re-planned, so an approval made against an older view gets 412.
-    """
-
-    instance = models.ForeignKey(Instance, on_delete=models.CASCADE, related_name="reschedules")
-    lease = models.ForeignKey(Lease, on_delete=models.CASCADE, related_name="reschedules")
-    status = models.CharField(
-        max_length=16, choices=RescheduleStatus.choices, default=RescheduleStatus.PENDING, db_index=True
-    )
-    cause = models.CharField(max_length=32, default="node_dead")
-    proposed_node = models.ForeignKey(
-        "fleet.Node", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    report = models.ForeignKey("fleet.PlacementReport", null=True, blank=True, on_delete=models.SET_NULL)
-    blocked_by = models.CharField(
-        max_length=32, blank=True, help_text="why it is not applied yet: a reason code"
-    )
-    message = models.TextField(blank=True)
-    version = models.PositiveIntegerField(default=1)
-    created_at = models.DateTimeField()
-    decided_at = models.DateTimeField(null=True, blank=True)
-    decided_by = models.CharField(max_length=150, blank=True)
-    new_instance = models.OneToOneField(
-        Instance, null=True, blank=True, on_delete=models.SET_NULL, related_name="created_by_reschedule"
-    )
-
-    class Meta:
-        ordering = ["-created_at", "-id"]
-        constraints = [
-            # One open proposal per lost instance, however many sweeps or declare-deads see it.
-            models.UniqueConstraint(
-                fields=["instance"], condition=Q(status="pending"), name="one_pending_reschedule_per_instance"
-            )
-        ]
-
-    def __str__(self) -> str:
-        return f"reschedule {self.pk} of {self.instance_id} ({self.status})"
 
 
 class Alert(models.Model):

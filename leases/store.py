@@ -24,6 +24,9 @@ from django.db import OperationalError, transaction
 
 from fleet import capacity
 from fleet.placement import states_from_rows
+from leases import vnodes
+from leases.alerts import raise_alert
+from leases.instance_rows import present_instances, sync_lease_instances
 from leases.lifecycle import TERMINAL_LEASE_STATES, LeaseState
 from leases.models import (
     LIVE_RESERVATION_STATUSES,
@@ -35,7 +38,7 @@ from leases.models import (
 )
 from leases.scheduler import Change, LeaseRecord, LeaseRequest, ReservationRecord, Scheduler, SchedulerConfig
 from leases.slottable import Overcommit, Res
-from slotkeeper import planlock
+from slotkeeper import audit, events, metrics, planlock
 from slotkeeper.bulk import update_many
 
 log = logging.getLogger(__name__)
@@ -47,12 +50,6 @@ def to_epoch(dt: datetime) -> float:
 
 def from_epoch(t: float) -> datetime:
     return datetime.fromtimestamp(t, UTC)
-
-
-def vnode_res(v: dict) -> Res:
-    return Res(
-        cpu=round(float(v.get("cpu_cores", 0)) * 100), mem=int(v["mem_mib"]), disk=int(v.get("disk_gib", 0))
-    )
 
 
 def node_capacity(node: capacity.NodeState) -> Res:
@@ -70,7 +67,7 @@ def request_of(lease: Lease) -> LeaseRequest:
         submit=to_epoch(lease.submitted_at),
         start=to_epoch(lease.requested_start) if lease.requested_start else None,
         duration=lease.duration_s,
-        vnodes=tuple(vnode_res(v) for v in lease.vnodes),
+        vnodes=tuple(vnodes.as_res(v) for v in lease.vnodes),
         preemptible=lease.preemptible,
         real_duration=lease.real_duration_s,
     )
@@ -210,8 +207,6 @@ def _planning(now: datetime) -> Iterator[Planning]:
 
         transaction.on_commit(keep)
         if touched:
-            from slotkeeper import events
-
             events.send_on_commit("slots-changed", leases=sorted(touched)[:50])
 
 
@@ -219,9 +214,6 @@ def _record_isolated(isolated: list[tuple[int, str]], now: datetime) -> None:
     """Says why each isolated lease failed: on the lease, in the audit feed, as an alert, in the log."""
     if not isolated:
         return
-    from leases.recovery import raise_alert
-    from slotkeeper import audit, metrics
-
     for lease_id, reason in isolated:
         lease = Lease.objects.filter(pk=lease_id).first()
         if lease is None:
@@ -258,8 +250,6 @@ def apply(sched: Scheduler, changes: list[Change]) -> set[int]:
 
 
 def _sync_instances(sched: Scheduler, touched: set[int], changes: list[Change]) -> None:
-    from leases.recovery import present_instances, sync_lease_instances
-
     when = from_epoch(max(c.at for c in changes))
     present = present_instances(touched)
     for lease_id in sorted(touched):

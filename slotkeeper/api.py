@@ -12,6 +12,9 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from slotkeeper.domain import DomainError, NotFound, StaleVersion
+from slotkeeper.planlock import PlanBusy, is_busy_error
+
 log = logging.getLogger(__name__)
 
 
@@ -44,9 +47,6 @@ class RequestTooLarge(exceptions.APIException):
 
 
 def exception_handler(exc, context):
-    from slotkeeper.domain import DomainError, NotFound, StaleVersion
-    from slotkeeper.planlock import PlanBusy, is_busy_error
-
     retry_after = None
     if isinstance(exc, PlanBusy) or is_busy_error(exc):
         # A bounded wait that ran out: the request changed nothing and may be sent again.

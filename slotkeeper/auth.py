@@ -40,6 +40,8 @@ def bearer_from(header: str) -> str | None:
 
 def authenticate_token(raw: str):
     """Returns (principal, token row or node) for a raw Bearer token, or None when it is unknown or revoked."""
+    # Imported here: this module is part of the kernel every app imports (fleet too), so importing fleet's
+    # models at the top would make the kernel depend on the app above it; only a node's token needs them.
     from fleet.models import Node
 
     digest = hash_token(raw)

@@ -5,6 +5,8 @@ import os
 from celery import Celery
 from celery.signals import before_task_publish, task_prerun
 
+from slotkeeper.logging import new_request_id, request_id_var
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "slotkeeper.settings")
 
 app = Celery("slotkeeper")
@@ -15,15 +17,11 @@ app.autodiscover_tasks()
 @before_task_publish.connect
 def carry_request_id(headers=None, **_):
     # The request id of the HTTP request that enqueued a task follows it into the worker's logs.
-    from slotkeeper.logging import request_id_var
-
     if headers is not None:
         headers.setdefault("request_id", request_id_var.get())
 
 
 @task_prerun.connect
 def adopt_request_id(task=None, **_):
-    from slotkeeper.logging import new_request_id, request_id_var
-
     rid = getattr(task.request, "request_id", None) or (task.request.headers or {}).get("request_id")
     request_id_var.set(rid or new_request_id())

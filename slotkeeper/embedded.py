@@ -13,6 +13,9 @@ import logging
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db import close_old_connections
+
+from slotkeeper.periodic import run_periodic
 
 from slotkeeper import shutdown
 
@@ -22,10 +25,6 @@ _started = False
 
 
 def periodic_round() -> None:
-    from django.db import close_old_connections
-
-    from slotkeeper.periodic import run_periodic
-
     close_old_connections()
     try:
         run_periodic()

@@ -148,3 +148,9 @@ class BoundedJSONDictField(serializers.DictField):
         if problem := json_blob_problem(value, max_bytes=self.max_bytes, max_depth=self.max_depth):
             raise serializers.ValidationError(problem)
         return value
+
+
+def is_id(value: str) -> bool:
+    """Whether a path or query value is a database id: ASCII digits within `bigint` ("²".isdigit() is True and
+    int("²") raises; an id past 2^63 - 1 overflowed the database driver: both were 500s)."""
+    return value.isascii() and value.isdigit() and 1 <= int(value) <= INT64_MAX

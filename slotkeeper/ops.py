@@ -11,6 +11,7 @@ from django.http import HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
 from slotkeeper import metrics as counters
+from slotkeeper.planlock import PlanBusy, is_busy_error
 
 
 class ProbeMiddleware:
@@ -64,8 +65,6 @@ class BusyMiddleware:
         return await self.get_response(request)
 
     def process_exception(self, request, exception):
-        from slotkeeper.planlock import PlanBusy, is_busy_error
-
         if isinstance(exception, PlanBusy) or is_busy_error(exception):
             response = HttpResponse(
                 "The scheduler is busy; try again in a moment.", status=503, content_type="text/plain"

@@ -1,27 +1,27 @@
 """The periodic work, in one place for both runs: the embedded loop calls it, and Celery beat schedules the same
-functions as tasks. Each step is its own set of transactions, so one failing does not hold the others back."""
+steps as tasks (leases/instances/tasks.py). Each step is its own set of transactions, so one failing does not hold
+the others back.
+
+Part of the composition layer: it names the steps itself (the sweep, then the tick, both composed in the
+instances package) instead of keeping a registry that apps fill in at start-up and that calls them back.
+"""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 from django.utils import timezone
 
+from leases.instances.actions import periodic
 from slotkeeper import shutdown
 
 log = logging.getLogger(__name__)
 
-_steps: list[tuple[str, Callable]] = []
-
-
-def register(name: str, step: Callable) -> None:
-    if all(existing != name for existing, _ in _steps):
-        _steps.append((name, step))
+STEPS = (("fleet.sweep", periodic.sweep), ("leases.tick", periodic.tick))
 
 
 def run_periodic() -> None:
-    for name, step in list(_steps):
+    for name, step in STEPS:
         if shutdown.begun():
             # The process is stopping: the step in hand has finished; the next round, here or in another
             # process, does the rest (every step is idempotent and takes `now`).

@@ -65,6 +65,7 @@ INSTALLED_APPS = [
     "slotkeeper",
     "fleet",
     "leases",
+    "leases.instances",
 ]
 
 MIDDLEWARE = [
@@ -179,8 +180,12 @@ CELERY_TIMEZONE = "UTC"
 # `expires`: a tick that waited longer than its period is pointless, so ticks queued while every worker was down
 # are dropped instead of running back to back when the workers return.
 CELERY_BEAT_SCHEDULE = {
-    "sweep-nodes": {"task": "fleet.tasks.sweep_nodes", "schedule": 5.0, "options": {"expires": 10}},
-    "tick-leases": {"task": "leases.tasks.tick", "schedule": 5.0, "options": {"expires": 10}},
+    "sweep-nodes": {
+        "task": "leases.instances.tasks.sweep_nodes",
+        "schedule": 5.0,
+        "options": {"expires": 10},
+    },
+    "tick-leases": {"task": "leases.instances.tasks.tick", "schedule": 5.0, "options": {"expires": 10}},
 }
 
 # Run the periodic work inside the web process (embedded mode). Off when REDIS_URL is set (beat does it) and

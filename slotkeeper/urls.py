@@ -1,21 +1,24 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.urls import include, path
+from django.http import HttpResponsePermanentRedirect
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
 from fleet import views as fleet_views
-from fleet.api.views import NodeViewSet, PlacementPreviewView, PlacementReportViewSet
-from leases import console_views as recovery_views
+from fleet.api.views import PlacementReportViewSet
 from leases import views as lease_views
-from leases.api.recovery import (
+from leases.api.views import LeaseViewSet, SlotsView
+from leases.instances import node_views
+from leases.instances import views as instance_views
+from leases.instances.api.nodes import NodeViewSet, PlacementPreviewView
+from leases.instances.api.views import (
     AlertViewSet,
     DrainProgressView,
     GroupViewSet,
     InstanceViewSet,
     RescheduleViewSet,
 )
-from leases.api.views import LeaseViewSet, SlotsView
 from slotkeeper import ops
 from slotkeeper import views as console_views
 
@@ -51,32 +54,41 @@ api_urls = [
     path("", include((router.urls, "api"))),
 ]
 
+
+def moved_admin(request, rest: str):
+    """Reschedules and restart records moved to the instances app; their admin pages moved with the app label.
+    308 keeps the method and the body, so an old bookmark or a scripted admin action still lands."""
+    query = f"?{request.META['QUERY_STRING']}" if request.META.get("QUERY_STRING") else ""
+    return HttpResponsePermanentRedirect(f"/admin/instances/{rest}{query}", status=308)
+
+
 urlpatterns = [
-    path("", fleet_views.board, name="fleet-board"),
-    path("nodes/<int:node_id>/", fleet_views.node_detail, name="node-detail"),
-    path("nodes/<int:node_id>/drain", fleet_views.drain, name="node-drain"),
-    path("nodes/<int:node_id>/drain/preview", fleet_views.drain_preview, name="node-drain-preview"),
-    path("nodes/<int:node_id>/declare-dead", fleet_views.declare_dead, name="node-declare-dead"),
+    path("", node_views.board, name="fleet-board"),
+    path("nodes/<int:node_id>/", node_views.node_detail, name="node-detail"),
+    path("nodes/<int:node_id>/drain", node_views.drain, name="node-drain"),
+    path("nodes/<int:node_id>/drain/preview", node_views.drain_preview, name="node-drain-preview"),
+    path("nodes/<int:node_id>/declare-dead", node_views.declare_dead, name="node-declare-dead"),
     path("nodes/<int:node_id>/readmit", fleet_views.readmit, name="node-readmit"),
     path("placement/<int:report_id>/", fleet_views.report_detail, name="placement-report"),
     path("slots/", lease_views.slot_table, name="slot-table"),
     path("leases/", lease_views.lease_list, name="lease-list"),
     path("leases/<int:lease_id>/", lease_views.lease_detail, name="lease-detail"),
-    path("instances/", recovery_views.instance_list, name="instance-list"),
-    path("instances/<str:iid>/", recovery_views.instance_detail, name="instance-detail"),
-    path("reschedules/", recovery_views.reschedule_list, name="reschedule-list"),
+    path("instances/", instance_views.instance_list, name="instance-list"),
+    path("instances/<str:iid>/", instance_views.instance_detail, name="instance-detail"),
+    path("reschedules/", instance_views.reschedule_list, name="reschedule-list"),
     path(
-        "reschedules/pending-count", recovery_views.reschedule_pending_count, name="reschedule-pending-count"
+        "reschedules/pending-count", instance_views.reschedule_pending_count, name="reschedule-pending-count"
     ),
-    path("reschedules/confirm", recovery_views.reschedule_confirm, name="reschedule-confirm"),
-    path("reschedules/approve", recovery_views.reschedule_approve, name="reschedule-approve"),
-    path("reschedules/<int:pk>/reject", recovery_views.reschedule_reject, name="reschedule-reject"),
-    path("alerts/", recovery_views.alert_list, name="alert-list"),
-    path("nodes/<int:node_id>/drain-progress/", recovery_views.drain_progress, name="node-drain-progress"),
+    path("reschedules/confirm", instance_views.reschedule_confirm, name="reschedule-confirm"),
+    path("reschedules/approve", instance_views.reschedule_approve, name="reschedule-approve"),
+    path("reschedules/<int:pk>/reject", instance_views.reschedule_reject, name="reschedule-reject"),
+    path("alerts/", instance_views.alert_list, name="alert-list"),
+    path("nodes/<int:node_id>/drain-progress/", instance_views.drain_progress, name="node-drain-progress"),
     path("audit/", console_views.audit_feed, name="audit-feed"),
     path("audit.csv", console_views.audit_csv, name="audit-csv"),
     path("login/", auth_views.LoginView.as_view(template_name="login.html"), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    re_path(r"^admin/leases/(?P<rest>(?:reschedule|restartrecord)/.*)$", moved_admin),
     path("admin/", admin.site.urls),
     path("api/", include(api_urls)),
     path("healthz", ops.healthz, name="healthz"),

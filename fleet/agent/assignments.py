@@ -12,6 +12,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleet import affinity
+
 DESIRED_STATES = frozenset({"running", "stopped"})
 DRIVERS = frozenset({"process", "sim"})
 DEFAULT_STOP_GRACE_S = 10.0
@@ -217,10 +219,11 @@ def anti_affinity_refusal(assignment: Assignment, local_members: Mapping[str, It
     server also lists is one member, and counting it twice would refuse a legal start.
     """
     for group in assignment.groups:
-        if group.policy != "anti_affinity" or not group.hard:
+        if not group.hard:
             continue
         here = (set(local_members.get(group.name, ())) | set(group.members_here)) - {assignment.id}
-        if len(here) + 1 > group.max_per_node:
+        rule = affinity.GroupRule(group.name, group.policy, group.hard, group.max_per_node)
+        if affinity.crowded(rule, len(here)):
             return (
                 f"anti_affinity: group {group.name!r} allows {group.max_per_node} per node and "
                 f"{', '.join(sorted(here))} already here"

@@ -1,4 +1,6 @@
-"""Fleet API: nodes, health, drain, and the placement preview. Every write calls fleet/actions.py."""
+"""Fleet API: nodes and stored placement reports. Every write calls fleet/actions.py. The node operations that
+touch instances, and the placement preview (which needs the instances' claims), are composed in
+leases/instances/api/nodes.py."""
 
 from __future__ import annotations
 
@@ -8,13 +10,10 @@ from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
-from fleet import actions, capacity, placement
+from fleet import actions
 from fleet.api import serializers as s
 from fleet.models import Node, PlacementReport
-from slotkeeper import metrics
-from slotkeeper.audit import actor_label
 from slotkeeper.auth import IsAdmin, IsNodeAgent, IsOperator, IsViewer
 from slotkeeper.fields import INT64_MAX
 
@@ -25,9 +24,10 @@ def validated(serializer_class, data):
     return ser.validated_data
 
 
-class NodeViewSet(
-    mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet
-):
+class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    # What fleet alone can do with a node. The operations that touch what runs on it (the agent's heartbeat and
+    # assignments, drain, declare-dead, delete) are added one layer up, where instances are known
+    # (leases/instances/api/nodes.py); the URLconf routes that class.
     queryset = Node.objects.select_related("drained_by").order_by("name")
     serializer_class = s.NodeSerializer
 
@@ -73,66 +73,11 @@ class NodeViewSet(
         node = actions.do_update_node(request.user, self._pk(pk), ser.validated_data, now=timezone.now())
         return Response(s.NodeSerializer(node).data)
 
-    def destroy(self, request, pk=None):
-        actions.do_delete_node(request.user, self._pk(pk), now=timezone.now())
-        return Response(status=status.HTTP_204_NO_CONTENT)
-
-    @extend_schema(
-        request=s.HeartbeatSerializer,
-        responses={
-            200: s.HeartbeatAckSerializer,
-            403: OpenApiResponse(description="another node's token"),
-            409: OpenApiResponse(
-                description='the node was declared dead and is fenced (`"code": "fenced"`): stop every instance '
-                "and wait until an admin re-admits it"
-            ),
-        },
-    )
-    @action(detail=True, methods=["post"])
-    def heartbeat(self, request, pk=None):
-        node = self._own_node(request, pk)
-        report = actions.HealthReport(**validated(s.HeartbeatSerializer, request.data))
-        node = actions.do_heartbeat(node, report, now=timezone.now())
-        metrics.inc("slotkeeper_heartbeats_total")
-        return Response({"status": node.status, "server_time": timezone.now()})
-
-    @extend_schema(request=None, responses={200: dict})
-    @action(detail=True, methods=["get"])
-    def assignments(self, request, pk=None):
-        node = self._own_node(request, pk)
-        if node.fenced_at is not None:
-            # A fenced node is told so on every call, and given nothing to run.
-            actions.refuse_fenced(node, timezone.now())
-        from fleet.assignments import assignments_for
-
-        return Response(assignments_for(node, now=timezone.now()))
-
-    @extend_schema(request=s.DrainSerializer, responses={200: s.NodeSerializer})
-    @action(detail=True, methods=["post"])
-    def drain(self, request, pk=None):
-        data = validated(s.DrainSerializer, request.data)
-        node = actions.do_drain(
-            request.user,
-            self._pk(pk),
-            reason=data["reason"],
-            now=timezone.now(),
-            deadline=data["deadline"],
-            max_parallel=data["max_parallel"],
-        )
-        return Response(s.NodeSerializer(node).data)
-
     @extend_schema(request=s.OptionalReasonSerializer, responses={200: s.NodeSerializer})
     @action(detail=True, methods=["post"])
     def undrain(self, request, pk=None):
         reason = validated(s.OptionalReasonSerializer, request.data)["reason"]
         node = actions.do_undrain(request.user, self._pk(pk), reason=reason, now=timezone.now())
-        return Response(s.NodeSerializer(node).data)
-
-    @extend_schema(request=s.ReasonSerializer, responses={200: s.NodeSerializer})
-    @action(detail=True, methods=["post"], url_path="declare-dead")
-    def declare_dead(self, request, pk=None):
-        reason = validated(s.ReasonSerializer, request.data)["reason"]
-        node = actions.do_declare_dead(request.user, self._pk(pk), reason=reason, now=timezone.now())
         return Response(s.NodeSerializer(node).data)
 
     @extend_schema(
@@ -172,44 +117,6 @@ class NodeViewSet(
                 f"This token belongs to node {request.user.node_name}, not to {node.name}."
             )
         return node
-
-
-class PlacementPreviewView(APIView):
-    permission_classes = [IsOperator]
-
-    @extend_schema(request=s.PreviewSerializer, responses={200: s.PlacementResultSerializer})
-    def post(self, request):
-        data = validated(s.PreviewSerializer, request.data)
-        need = capacity.Need(
-            mem_mib=data["mem_mib"],
-            disk_gib=data["disk_gib"],
-            cpu_cores=data["cpu_cores"],
-            capabilities=frozenset(data["capabilities"]),
-            count=data["count"],
-            preferred_node=data["preferred_node"] or None,
-        )
-        now = timezone.now()
-        states = placement.snapshot(now)
-        result = placement.place(now, need, states=states)
-        metrics.inc("slotkeeper_placements_total", kind="preview", outcome=str(result.outcome))
-        report = placement.record(
-            now,
-            "preview",
-            need,
-            result,
-            requested_by=actor_label(request.user),
-            ids_by_name={n.name: n.id for n in states},
-        )
-        return Response(
-            {
-                "outcome": str(result.outcome),
-                "nodes": list(result.nodes),
-                "message": result.message,
-                "preferred_note": result.preferred_note,
-                "report": report.pk,
-                "verdicts": report.verdicts,
-            }
-        )
 
 
 class PlacementReportViewSet(viewsets.ReadOnlyModelViewSet):

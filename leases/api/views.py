@@ -10,10 +10,11 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from leases import actions
+from leases import actions, reads
 from leases.api import serializers as s
 from leases.models import Lease, Reservation
 from slotkeeper.auth import IsOperator, IsViewer
+from slotkeeper.domain import NotFound
 
 
 class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
@@ -38,8 +39,8 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
         try:
             pk = int(self.kwargs["pk"])
         except (TypeError, ValueError):
-            raise actions.NotFound(f"lease {self.kwargs['pk']} does not exist") from None
-        return actions.get_lease(pk)
+            raise NotFound(f"lease {self.kwargs['pk']} does not exist") from None
+        return reads.get_lease(pk)
 
     @extend_schema(
         request=s.LeaseCreateSerializer,

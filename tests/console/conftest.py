@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from fleet import actions as fleet_actions
 from leases import store
+from leases.instances.actions import nodes as node_actions
 from slotkeeper.management.commands.issue_token import grant_role
 
 
@@ -47,7 +48,7 @@ def heartbeat(node, *, used_mib=1000, total_mib=8192, now=None):
     report = fleet_actions.HealthReport(
         mem_total_mib=total_mib, mem_used_mib=used_mib, disk_free_gib=90.0, cpu_pct=3.0, load1=0.1
     )
-    return fleet_actions.do_heartbeat(node, report, now=now or timezone.now())
+    return node_actions.do_heartbeat(node, report, now=now or timezone.now())
 
 
 def register(name: str, *, cores=4, mem_mib=8192, capabilities=()):

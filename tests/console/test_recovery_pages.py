@@ -13,8 +13,11 @@ from django.utils import timezone
 from fleet import actions as fleet_actions
 from fleet.models import Node, NodeStatus, PlacementReport
 from leases import actions as lease_actions
-from leases import recovery
-from leases.models import Alert, Instance, Lease, Reschedule
+from leases import alerts
+from leases.instances.actions import nodes as node_actions
+from leases.instances.actions import reports, reschedules
+from leases.instances.models import Reschedule
+from leases.models import Alert, Instance, Lease
 from slotkeeper.models import AuditEntry
 from tests.console.conftest import vm
 
@@ -26,7 +29,7 @@ def submit(name: str, mem: int = 1024) -> Lease:
 
 def lose_node_of(lease: Lease) -> Node:
     inst = Instance.objects.get(lease=lease)
-    fleet_actions.do_declare_dead(None, inst.node_id, reason="PSU failed", now=timezone.now())
+    node_actions.do_declare_dead(None, inst.node_id, reason="PSU failed", now=timezone.now())
     return inst.node
 
 
@@ -44,7 +47,7 @@ def two_lost(fleet):
 
 def agent_reports(inst: Instance, status: str, at, **extra) -> Instance:
     """What the instance's node agent says about it, through the same path as a heartbeat."""
-    recovery.ingest_reports(inst.node, [{"id": inst.iid, "status": status, **extra}], at)
+    reports.ingest_reports(inst.node, [{"id": inst.iid, "status": status, **extra}], at)
     return Instance.objects.get(pk=inst.pk)
 
 
@@ -273,7 +276,7 @@ def test_a_single_stale_approval_is_a_result_line_not_an_error(otto, two_lost):
 
 def test_approving_an_already_applied_proposal_says_so(otto, two_lost):
     p = two_lost[0]
-    recovery.do_approve(None, [p.pk], now=timezone.now())
+    reschedules.do_approve(None, [p.pk], now=timezone.now())
     body = otto.post(reverse("reschedule-approve"), {"id": str(p.pk)}).content.decode()
     assert 'data-result="refused"' in body and "already applied" in body
 
@@ -322,7 +325,7 @@ def test_a_rejection_needs_a_reason(otto, two_lost):
     ],
 )
 def test_reschedule_filters_come_from_the_url(vera, two_lost, query, count):
-    recovery.do_reject(None, two_lost[0].pk, now=timezone.now(), reason="no")
+    reschedules.do_reject(None, two_lost[0].pk, now=timezone.now(), reason="no")
     body = vera.get(reverse("reschedule-list"), query, headers={"HX-Request": "true"}).content.decode()
     assert body.count("data-reschedule=") == count
 
@@ -404,7 +407,7 @@ def test_the_reschedule_list_at_100_proposals_takes_at_most_12_queries(
 
 def test_open_alerts_are_listed_with_links_and_resolved_ones_on_request(vera, fleet, crash_looping):
     now = timezone.now()
-    recovery.raise_alert("instance_held", "instance held: no capable node", now, instance=crash_looping)
+    alerts.raise_alert("instance_held", "instance held: no capable node", now, instance=crash_looping)
     Alert.objects.create(kind="stale_node", message="tank is stale", created_at=now, resolved_at=now)
     body = vera.get(reverse("alert-list")).content.decode()
     assert 'data-alert="instance_held"' in body and 'data-alert="stale_node"' not in body
@@ -415,7 +418,7 @@ def test_open_alerts_are_listed_with_links_and_resolved_ones_on_request(vera, fl
 
 
 def drain_with_deadline(node: Node) -> None:
-    fleet_actions.do_drain(
+    node_actions.do_drain(
         None,
         node.pk,
         reason="kernel upgrade",

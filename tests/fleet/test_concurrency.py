@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from fleet import actions
 from fleet.models import Node
+from leases.instances.actions import nodes as node_actions
 from slotkeeper.domain import DomainError
 from tests.conftest import requires_postgres
 
@@ -47,14 +48,14 @@ def test_racing_heartbeats_drains_and_sweeps_leave_consistent_nodes():
                             cpu_pct=10.0,
                             load1=0.5,
                         )
-                        actions.do_heartbeat(node, report, now=at)
+                        node_actions.do_heartbeat(node, report, now=at)
                     elif kind % 3 == 1:
                         if rng.random() < 0.5:
-                            actions.do_drain(None, node_id, reason="race test", now=at)
+                            node_actions.do_drain(None, node_id, reason="race test", now=at)
                         else:
                             actions.do_undrain(None, node_id, reason="race test", now=at)
                     else:
-                        actions.sweep(at)
+                        node_actions.sweep(at)
                 except DomainError:
                     pass
         except BaseException as exc:  # surfaced below: a thread's failure must fail the test

@@ -8,9 +8,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from fleet import actions
 from fleet.models import Node
 from leases import actions as lease_actions
+from leases.instances.actions import nodes as node_actions
 from leases.models import Instance
 from slotkeeper.models import AuditEntry
 from tests.conftest import healthy
@@ -77,7 +77,7 @@ def test_a_node_the_sweep_found_dead_is_not_fenced_and_returns_by_itself(tank, t
     node, agent = tank
     now = timezone.now()
     for seconds in range(0, 95, 5):
-        actions.sweep(now + timedelta(seconds=seconds))
+        node_actions.sweep(now + timedelta(seconds=seconds))
     row = Node.objects.get(pk=node.pk)
     assert (row.status, row.fenced_at) == ("dead", None)
     assert beat(agent, node).status_code == 200
@@ -88,8 +88,8 @@ def test_declaring_dead_a_node_the_sweep_already_found_dead_fences_it(tank):
     node, agent = tank
     now = timezone.now()
     for seconds in range(0, 95, 5):
-        actions.sweep(now + timedelta(seconds=seconds))
-    actions.do_declare_dead(None, node.pk, reason="it smokes", now=now + timedelta(seconds=100))
+        node_actions.sweep(now + timedelta(seconds=seconds))
+    node_actions.do_declare_dead(None, node.pk, reason="it smokes", now=now + timedelta(seconds=100))
     assert beat(agent, node).status_code == 409
 
 

@@ -15,12 +15,12 @@ def main() -> None:
     django.setup()
     from django.utils import timezone
 
-    from leases import recovery
+    from leases.instances.actions import reschedules
 
     start_at = float(sys.argv[1])
     ids = [int(x) for x in sys.argv[2].split(",")]
     time.sleep(max(0.0, start_at - time.time()))
-    results = recovery.do_approve(None, ids, now=timezone.now())
+    results = reschedules.do_approve(None, ids, now=timezone.now())
     for r in results:
         print(f"{r.id} {'ok' if r.ok else 'pending'} {r.message}")
 

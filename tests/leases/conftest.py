@@ -5,6 +5,7 @@ from django.utils import timezone
 
 from fleet import actions as fleet_actions
 from leases import store
+from leases.instances.actions import nodes as node_actions
 
 
 @pytest.fixture(autouse=True)
@@ -32,7 +33,7 @@ def fleet(db):
         report = fleet_actions.HealthReport(
             mem_total_mib=8192, mem_used_mib=1000, disk_free_gib=90.0, cpu_pct=1.0, load1=0.1
         )
-        nodes.append(fleet_actions.do_heartbeat(node, report, now=timezone.now()))
+        nodes.append(node_actions.do_heartbeat(node, report, now=timezone.now()))
     return nodes
 
 

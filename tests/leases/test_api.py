@@ -9,6 +9,8 @@ from django.db.models import Count
 from django.utils import timezone
 
 from fleet import actions as fleet_actions
+from leases.instances.actions import nodes as node_actions
+from leases.instances.actions import periodic
 from leases.models import Allocation, Lease, Reservation
 from tests.leases.conftest import vm
 
@@ -136,7 +138,6 @@ def test_the_slot_window_lists_reservations_overlapping_it(viewer, operator, fle
 
 
 def test_a_queued_lease_starts_when_the_blocking_one_ends(operator, fleet):
-    from leases import actions
 
     first = submit(operator, type="immediate", duration_s=600, nodes=[vm(mem=8192)] * 4).json()
     second = submit(operator, duration_s=600, nodes=[vm(mem=8192)]).json()
@@ -144,15 +145,14 @@ def test_a_queued_lease_starts_when_the_blocking_one_ends(operator, fleet):
     assert second["state"] == "ready"
     later = timezone.now() + timedelta(seconds=601)
     for node in fleet:
-        fleet_actions.do_heartbeat(node, fleet_actions.HealthReport(8192, 1000, 90.0, 1.0, 0.1), now=later)
-    actions.tick(later)
+        node_actions.do_heartbeat(node, fleet_actions.HealthReport(8192, 1000, 90.0, 1.0, 0.1), now=later)
+    periodic.tick(later)
     assert Lease.objects.get(pk=first["id"]).state == "done"
     assert Lease.objects.get(pk=second["id"]).state == "active"
     assert Reservation.objects.filter(lease_id=second["id"], status="active").count() == 1
 
 
 def test_a_future_reservation_on_a_node_that_became_unusable_is_re_placed_when_it_comes_due(operator, fleet):
-    from leases import actions
     from slotkeeper.models import AuditEntry
 
     blocker = submit(operator, type="immediate", duration_s=600, nodes=[vm(mem=8192)] * 4).json()
@@ -162,9 +162,9 @@ def test_a_future_reservation_on_a_node_that_became_unusable_is_re_placed_when_i
     [planned_node] = future["node_ids"]
     later = timezone.now() + timedelta(seconds=601)
     for node in fleet:
-        fleet_actions.do_heartbeat(node, fleet_actions.HealthReport(8192, 1000, 90.0, 1.0, 0.1), now=later)
-    fleet_actions.do_drain(None, planned_node, reason="disk failing", now=later)
-    actions.tick(later)
+        node_actions.do_heartbeat(node, fleet_actions.HealthReport(8192, 1000, 90.0, 1.0, 0.1), now=later)
+    node_actions.do_drain(None, planned_node, reason="disk failing", now=later)
+    periodic.tick(later)
     lease = Lease.objects.get(pk=waiting["id"])
     assert lease.state == "active"
     [running] = Reservation.objects.filter(lease=lease, status="active")
@@ -180,7 +180,7 @@ def test_the_overcommit_query_counts_allocations_that_start_together_once(operat
     # Three reservations starting at one instant put three allocations on one node (6 GiB of 8): legal, but the old
     # self-join summed the node's use three times over and reported it as overcommitted.
     for node in fleet[1:]:  # one usable node, so all three land on it
-        fleet_actions.do_drain(None, node.pk, reason="test", now=timezone.now())
+        node_actions.do_drain(None, node.pk, reason="test", now=timezone.now())
     start = (timezone.now() + timedelta(hours=1)).isoformat()
     for _ in range(3):
         response = submit(operator, type="advance_reservation", start=start, nodes=[vm(cores=1, mem=2048)])

@@ -14,6 +14,8 @@ from django.utils import timezone
 
 from fleet import actions as fleet_actions
 from leases import actions
+from leases.instances.actions import nodes as node_actions
+from leases.instances.actions import periodic
 from leases.lifecycle import LeaseState
 from leases.models import Lease
 from tests.conftest import requires_postgres
@@ -43,7 +45,7 @@ def test_eight_submitters_and_ticks_never_overcommit_a_node(settings):
             capabilities=[],
             now=now,
         )
-        fleet_actions.do_heartbeat(node, fleet_actions.HealthReport(16384, 1024, 90.0, 1.0, 0.1), now=now)
+        node_actions.do_heartbeat(node, fleet_actions.HealthReport(16384, 1024, 90.0, 1.0, 0.1), now=now)
     errors: list[BaseException] = []
     done = threading.Event()
 
@@ -77,7 +79,7 @@ def test_eight_submitters_and_ticks_never_overcommit_a_node(settings):
     def ticker() -> None:
         try:
             while not done.is_set():
-                actions.tick(timezone.now())
+                periodic.tick(timezone.now())
                 time.sleep(0.05)
         except BaseException as exc:
             errors.append(exc)

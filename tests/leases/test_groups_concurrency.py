@@ -14,8 +14,11 @@ from django.db import connection
 from django.utils import timezone
 
 from fleet import actions as fleet_actions
-from leases import actions, recovery
-from leases.models import Group, Instance, Reschedule
+from leases import actions, instance_rows
+from leases.instances.actions import nodes as node_actions
+from leases.instances.actions import reschedules
+from leases.instances.models import Reschedule
+from leases.models import Group, Instance
 from tests.conftest import requires_postgres
 from tests.leases.invariants import overcommitted_instants
 
@@ -30,7 +33,7 @@ def make_nodes(names, mem=16384):
             None, name=name, cpu_cores=8, mem_total_mib=mem, disk_total_gib=100, capabilities=[], now=now
         )
         report = fleet_actions.HealthReport(mem, 1000, 90.0, 1.0, 0.1)
-        nodes.append(fleet_actions.do_heartbeat(node, report, now=now))
+        nodes.append(node_actions.do_heartbeat(node, report, now=now))
     return nodes
 
 
@@ -57,7 +60,7 @@ def group_violations() -> list[tuple]:
         GROUP BY g.name, g.max_per_node, i.node_id HAVING COUNT(*) > g.max_per_node
     """
     with connection.cursor() as cursor:
-        cursor.execute(sql, [list(recovery.LIVE)])
+        cursor.execute(sql, [list(instance_rows.LIVE)])
         return cursor.fetchall()
 
 
@@ -68,7 +71,7 @@ def test_two_processes_approving_at_the_same_instant_never_share_the_survivor():
     assert first.node_id != second.node_id
     survivor = next(n for n in nodes if n.pk not in {first.node_id, second.node_id})
     for inst in (first, second):
-        fleet_actions.do_declare_dead(None, inst.node_id, reason="rack power", now=timezone.now())
+        node_actions.do_declare_dead(None, inst.node_id, reason="rack power", now=timezone.now())
     ids = list(Reschedule.objects.order_by("pk").values_list("pk", flat=True))
     assert len(ids) == 2
     db = settings.DATABASES["default"]
@@ -94,7 +97,7 @@ def test_two_processes_approving_at_the_same_instant_never_share_the_survivor():
     assert [p.returncode for p in procs] == [0, 0], outputs
     lines = sorted(out.strip() for out, _ in outputs)
     assert sorted(line.split()[1] for line in lines) == ["ok", "pending"], lines
-    assert Instance.objects.filter(node=survivor, state__in=recovery.LIVE).count() == 1
+    assert Instance.objects.filter(node=survivor, state__in=instance_rows.LIVE).count() == 1
     pending = Reschedule.objects.get(status="pending")
     assert pending.blocked_by == "anti_affinity"
     assert group_violations() == []
@@ -114,7 +117,7 @@ def test_eight_workers_evacuating_eight_nodes_break_no_group(round_):
     assert group_violations() == []
     dead = nodes[round_ % 12 : round_ % 12 + 8]
     for node in dead:
-        fleet_actions.do_declare_dead(None, node.pk, reason="evacuation drill", now=timezone.now())
+        node_actions.do_declare_dead(None, node.pk, reason="evacuation drill", now=timezone.now())
     ids = list(Reschedule.objects.filter(status="pending").values_list("pk", flat=True))
     assert ids
     barrier = threading.Barrier(8)
@@ -123,7 +126,7 @@ def test_eight_workers_evacuating_eight_nodes_break_no_group(round_):
     def worker(chunk):
         try:
             barrier.wait()
-            recovery.do_approve(None, chunk, now=timezone.now())
+            reschedules.do_approve(None, chunk, now=timezone.now())
         except BaseException as exc:
             errors.append(exc)
         finally:

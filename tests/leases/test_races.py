@@ -12,8 +12,13 @@ from django.utils import timezone
 
 from fleet import actions as fleet_actions
 from fleet.models import Node
-from leases import actions, recovery, store
-from leases.models import Instance, Reschedule
+from leases import actions, instance_rows, store
+from leases.instances import placing
+from leases.instances.actions import nodes as node_actions
+from leases.instances.actions import reports as ingest
+from leases.instances.actions import reschedules
+from leases.instances.models import Reschedule
+from leases.models import Instance
 from slotkeeper import planlock
 from tests.conftest import requires_postgres
 
@@ -29,7 +34,7 @@ def make_node(name, mem=65536, cores=64):
     node, _ = fleet_actions.do_register_node(
         None, name=name, cpu_cores=cores, mem_total_mib=mem, disk_total_gib=100, capabilities=[], now=now
     )
-    return fleet_actions.do_heartbeat(node, fleet_actions.HealthReport(mem, 1000, 90.0, 1.0, 0.1), now=now)
+    return node_actions.do_heartbeat(node, fleet_actions.HealthReport(mem, 1000, 90.0, 1.0, 0.1), now=now)
 
 
 def immediate(vms, mem=256, **policy):
@@ -66,7 +71,7 @@ def test_a_cancel_during_a_heartbeat_that_reports_every_instance_running_is_not_
     iids = list(Instance.objects.filter(lease=lease).values_list("iid", flat=True))
     assert len(iids) == 20
     heartbeat_has_read, cancel_done = threading.Event(), threading.Event()
-    real = recovery._reconcile_running
+    real = ingest._reconcile_running
 
     def slow_reconcile(inst, status, report, now):
         if not heartbeat_has_read.is_set():
@@ -74,14 +79,14 @@ def test_a_cancel_during_a_heartbeat_that_reports_every_instance_running_is_not_
             cancel_done.wait(HOLD_S)
         return real(inst, status, report, now)
 
-    monkeypatch.setattr(recovery, "_reconcile_running", slow_reconcile)
+    monkeypatch.setattr(ingest, "_reconcile_running", slow_reconcile)
     errors: list[BaseException] = []
     reports = tuple({"id": iid, "status": "running"} for iid in iids)
 
     def heartbeat():
         row = Node.objects.get(pk=node.pk)
         report = fleet_actions.HealthReport(65536, 9000, 90.0, 50.0, 2.0, reports)
-        fleet_actions.do_heartbeat(row, report, now=timezone.now())
+        node_actions.do_heartbeat(row, report, now=timezone.now())
 
     def cancel():
         assert heartbeat_has_read.wait(10)
@@ -97,7 +102,7 @@ def test_a_cancel_during_a_heartbeat_that_reports_every_instance_running_is_not_
     assert not [s for s, _ in rows if s in ("running", "placed", "unhealthy", "restarting")], rows
     # And the placer no longer counts them once the agent confirms they are gone.
     store.drop_cache()
-    fleet_actions.do_heartbeat(
+    node_actions.do_heartbeat(
         Node.objects.get(pk=node.pk),
         fleet_actions.HealthReport(65536, 1000, 90.0, 1.0, 0.1, ()),
         now=timezone.now() + timedelta(seconds=5),
@@ -118,11 +123,11 @@ def test_an_approval_racing_a_declare_dead_never_leaves_a_live_instance_on_the_d
     inst = Instance.objects.get(lease=lease)
     source_id = inst.node_id
     other = target if source_id != target.pk else Node.objects.get(name="source")
-    fleet_actions.do_declare_dead(None, source_id, reason="rack power", now=timezone.now())
+    node_actions.do_declare_dead(None, source_id, reason="rack power", now=timezone.now())
     proposal = Reschedule.objects.get(instance=inst)
     assert proposal.proposed_node_id == other.pk
     fleet_read, declared = threading.Event(), threading.Event()
-    real_read = recovery.FleetView.read
+    real_read = placing.FleetView.read
 
     def slow_read(now):
         view = real_read(now)
@@ -130,15 +135,15 @@ def test_an_approval_racing_a_declare_dead_never_leaves_a_live_instance_on_the_d
         declared.wait(HOLD_S)
         return view
 
-    monkeypatch.setattr(recovery.FleetView, "read", staticmethod(slow_read))
+    monkeypatch.setattr(placing.FleetView, "read", staticmethod(slow_read))
     errors: list[BaseException] = []
 
     def approve():
-        recovery.do_approve(None, [proposal.pk], now=timezone.now())
+        reschedules.do_approve(None, [proposal.pk], now=timezone.now())
 
     def declare_dead():
         assert fleet_read.wait(10)
-        fleet_actions.do_declare_dead(None, other.pk, reason="it smokes too", now=timezone.now())
+        node_actions.do_declare_dead(None, other.pk, reason="it smokes too", now=timezone.now())
         declared.set()
 
     threads = [in_thread(approve, errors), in_thread(declare_dead, errors)]
@@ -146,7 +151,7 @@ def test_an_approval_racing_a_declare_dead_never_leaves_a_live_instance_on_the_d
         t.join(30)
     assert errors == []
     assert Node.objects.get(pk=other.pk).status == "dead"
-    live_on_dead = Instance.objects.filter(node__status="dead", state__in=recovery.LIVE)
+    live_on_dead = Instance.objects.filter(node__status="dead", state__in=instance_rows.LIVE)
     assert not live_on_dead.exists(), list(live_on_dead.values_list("iid", "state"))
 
 

@@ -10,6 +10,8 @@ import pytest
 from fleet import actions as fleet_actions
 from fleet.models import Node
 from leases import actions, store
+from leases.instances.actions import nodes as node_actions
+from leases.instances.actions import periodic
 from leases.models import Alert, Reservation
 from leases.scheduler import Scheduler
 from tests.conftest import T0
@@ -24,14 +26,14 @@ def one_node(now, name="solo", cores=4):
     report = fleet_actions.HealthReport(
         mem_total_mib=8192, mem_used_mib=1000, disk_free_gib=90.0, cpu_pct=1.0, load1=0.1
     )
-    return fleet_actions.do_heartbeat(node, report, now=now)
+    return node_actions.do_heartbeat(node, report, now=now)
 
 
 def beat(node, now):
     report = fleet_actions.HealthReport(
         mem_total_mib=8192, mem_used_mib=1000, disk_free_gib=90.0, cpu_pct=1.0, load1=0.1
     )
-    return fleet_actions.do_heartbeat(node, report, now=now)
+    return node_actions.do_heartbeat(node, report, now=now)
 
 
 def spec(name, type_, cores, *, duration=3600, start=None):
@@ -60,7 +62,7 @@ def test_a_best_effort_lease_suspended_for_a_reservation_resumes_after_a_reload(
         at = T0 + timedelta(seconds=seconds)
         beat(node, at)
         store.drop_cache()
-        actions.tick(at)
+        periodic.tick(at)
     be.refresh_from_db()
     ar.refresh_from_db()
     assert ar.state == "done"
@@ -85,7 +87,7 @@ def test_a_lease_the_scheduler_cannot_load_is_isolated_and_the_rest_goes_on():
     Node.objects.filter(pk=doomed.pk).delete()
     store.drop_cache()
     beat(node, T0 + timedelta(seconds=5))
-    actions.tick(T0 + timedelta(seconds=5))
+    periodic.tick(T0 + timedelta(seconds=5))
     broken.refresh_from_db()
     assert broken.state == "failed"
     assert "isolated" in broken.message and "does not hold" in broken.message
@@ -123,17 +125,17 @@ def test_a_lease_that_fails_while_planned_is_isolated_and_the_queue_goes_on(monk
 def test_a_failing_tick_raises_one_alert_shows_on_readyz_and_metrics_and_clears_when_it_passes(
     monkeypatch, client
 ):
-    from leases import recovery
+    from leases.instances.actions import restarts
 
     one_node(T0)
 
     def broken(now):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(recovery, "supervise", broken)
+    monkeypatch.setattr(restarts, "supervise", broken)
     for seconds in (5, 10):
         with pytest.raises(RuntimeError):
-            actions.tick(T0 + timedelta(seconds=seconds))
+            periodic.tick(T0 + timedelta(seconds=seconds))
     alerts = Alert.objects.filter(kind="tick_failed")
     assert alerts.count() == 1 and "disk full" in alerts.get().message
     ready = client.get("/readyz").json()
@@ -142,7 +144,7 @@ def test_a_failing_tick_raises_one_alert_shows_on_readyz_and_metrics_and_clears_
     metrics = client.get("/metrics").content.decode()
     assert "slotkeeper_tick_failures_in_a_row 2" in metrics
     monkeypatch.undo()
-    actions.tick(T0 + timedelta(seconds=15))
+    periodic.tick(T0 + timedelta(seconds=15))
     assert alerts.get().resolved_at is not None
     assert client.get("/readyz").json()["checks"]["scheduler"] == "ok"
 

@@ -62,7 +62,6 @@ class Command(BaseCommand):
         call_command("migrate", interactive=False, verbosity=0)
         password = self.demo_admin()
         tokens = self.demo_fleet()
-        self.seed_extra()
         server = f"http://{host}:{port}"
         daphne = subprocess.Popen(
             [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), *DAPHNE_TIMEOUTS, ASGI_APP],
@@ -148,13 +147,6 @@ class Command(BaseCommand):
         self.stdout.write(f"Demo fleet: {len(tokens)} nodes.")
         return tokens
 
-    def seed_extra(self) -> None:
-        """Extension point for other apps' demo data (leases register theirs)."""
-        from slotkeeper import demo_hooks
-
-        for hook in demo_hooks.hooks:
-            hook(self.stdout)
-
     def wait_until_up(self, server: str, daphne: subprocess.Popen) -> None:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -168,6 +160,7 @@ class Command(BaseCommand):
         raise SystemExit("Daphne did not answer within 30 s.")
 
     def start_agents(self, server: str, tokens, stop: threading.Event) -> None:
+        # Imported here: the agent (psutil, its drivers) is only needed once the demo starts its simulated fleet.
         from fleet.agent.main import run_simulated_agents
 
         work_root = DEMO_DIR / "agents"

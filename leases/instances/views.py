@@ -1,9 +1,9 @@
-"""Console pages of recovery: instances with their state and restart history, reschedule proposals (approve one or
+"""Console pages of the instances package: instances with their state and restart history, reschedule proposals (approve one or
 many through one confirmation, reject with a reason), open alerts, and a draining node's progress.
 
 Each page URL also serves its live fragment to htmx (same URL, `HX-Request`), re-fetched on "instance-changed",
-"reschedule-changed" and "alert-raised" events. Every write goes through leases.recovery (do_approve, do_reject);
-the views re-check the role (a hidden checkbox is not a permission) and turn domain errors into result lines.
+"reschedule-changed" and "alert-raised" events. Every write goes through leases/instances/actions (do_approve,
+do_reject); the views re-check the role (a hidden checkbox is not a permission) and turn domain errors into result lines.
 """
 
 from __future__ import annotations
@@ -22,9 +22,12 @@ from django.views.decorators.vary import vary_on_headers
 from django_htmx.http import replace_url
 
 from fleet.models import Node
-from leases import recovery
+from leases.instances import reads
+from leases.instances.actions import reschedules
+from leases.instances.filters import AlertFilterSet, InstanceFilterSet, RescheduleFilterSet, filtered
+from leases.instances.models import Reschedule, RescheduleStatus
 from leases.lifecycle import InstanceState
-from leases.models import Alert, Group, Instance, Reschedule, RescheduleStatus
+from leases.models import Alert, Group, Instance
 from slotkeeper.decorators import role_required
 from slotkeeper.domain import DomainError, StaleVersion
 
@@ -68,14 +71,7 @@ class InstanceFilters:
         return urlencode({k: v for k, v in self.__dict__.items() if v})
 
     def apply(self, qs: QuerySet[Instance]) -> QuerySet[Instance]:
-        if self.node:
-            # A node link carries the id; a person types the name.
-            qs = qs.filter(node_id=int(self.node)) if self.node.isdigit() else qs.filter(node__name=self.node)
-        if self.lease:
-            qs = qs.filter(lease_id=int(self.lease))
-        if self.state:
-            qs = qs.filter(state=self.state)
-        return qs
+        return filtered(InstanceFilterSet, {k: v for k, v in self.__dict__.items() if v}, qs)
 
 
 @role_required("viewer")
@@ -163,13 +159,7 @@ class RescheduleFilters:
         return urlencode({"status": self.status, **{k: v for k, v in self.__dict__.items() if v}})
 
     def apply(self, qs: QuerySet[Reschedule]) -> QuerySet[Reschedule]:
-        if self.status:
-            qs = qs.filter(status=self.status)
-        if self.group:
-            qs = qs.filter(lease__groups__name=self.group)
-        if self.cause:
-            qs = qs.filter(cause=self.cause)
-        return qs
+        return filtered(RescheduleFilterSet, {k: v for k, v in self.__dict__.items() if v}, qs)
 
 
 def proposals(f: RescheduleFilters) -> QuerySet[Reschedule]:
@@ -263,7 +253,7 @@ def stale_line(message: str) -> str:
     return f"changed since you saw it, review again {versions}".rstrip()
 
 
-def classify(result: recovery.ApprovalResult) -> tuple[str, str]:
+def classify(result: reschedules.ApprovalResult) -> tuple[str, str]:
     if result.ok:
         return "moved", result.message
     # A stale version means the operator must re-read that proposal before approving it: its own kind of line.
@@ -277,7 +267,7 @@ def classify(result: recovery.ApprovalResult) -> tuple[str, str]:
 
 def approve_all(user, ids: list[int], versions: dict[int, int]) -> list[tuple[int, str, str]]:
     try:
-        results = recovery.do_approve(user, ids, now=timezone.now(), versions=versions)
+        results = reschedules.do_approve(user, ids, now=timezone.now(), versions=versions)
     except StaleVersion as exc:  # raised only for a single id
         return [(ids[0], "stale", stale_line(str(exc)))]
     except DomainError as exc:
@@ -315,7 +305,7 @@ def reschedule_reject(request, pk: int):
     try:
         if not reason:
             raise DomainError("a rejection needs a reason")
-        proposal = recovery.do_reject(request.user, pk, now=timezone.now(), reason=reason)
+        proposal = reschedules.do_reject(request.user, pk, now=timezone.now(), reason=reason)
         messages.success(request, f"Reschedule of {proposal.instance.iid} rejected.")
     except DomainError as exc:
         messages.error(request, str(exc))
@@ -331,11 +321,11 @@ def reschedule_reject(request, pk: int):
 def alert_list(request):
     kind = request.GET.get("kind", "").strip()
     include_resolved = request.GET.get("resolved") == "1"
-    alerts = Alert.objects.select_related("lease", "instance", "node").defer("lease__vnodes", "lease__spec")
-    if not include_resolved:
-        alerts = alerts.filter(resolved_at=None)
-    if kind:
-        alerts = alerts.filter(kind=kind)
+    alerts = filtered(
+        AlertFilterSet,
+        {"open": "" if include_resolved else "1", "kind": kind},
+        Alert.objects.select_related("lease", "instance", "node").defer("lease__vnodes", "lease__spec"),
+    )
     rows = list(alerts[: PAGE + 1])
     query = urlencode({k: v for k, v in (("kind", kind), ("resolved", "1" if include_resolved else "")) if v})
     context = {
@@ -358,6 +348,6 @@ def alert_list(request):
 @vary_on_headers("HX-Request")
 def drain_progress(request, node_id: int):
     node = get_object_or_404(Node, pk=node_id)
-    context = {"node": node, "progress": recovery.drain_progress(node)}
+    context = {"node": node, "progress": reads.drain_progress(node)}
     template = "instances/_drain_progress.html" if fragment(request) else "instances/drain_progress.html"
     return render(request, template, context)

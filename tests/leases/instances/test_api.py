@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from django.utils import timezone
 
-from fleet import actions as fleet_actions
-from leases.models import Group, Instance, Reschedule
+from leases.instances.actions import nodes as node_actions
+from leases.instances.models import Reschedule
+from leases.models import Group, Instance
 from tests.leases.conftest import vm
 
 pytestmark = pytest.mark.django_db
@@ -21,7 +22,7 @@ def immediate(client, name="job", **extra):
 
 def lose(lease_id):
     inst = Instance.objects.get(lease_id=lease_id)
-    fleet_actions.do_declare_dead(None, inst.node_id, reason="gone", now=timezone.now())
+    node_actions.do_declare_dead(None, inst.node_id, reason="gone", now=timezone.now())
     return inst
 
 
@@ -214,7 +215,7 @@ def test_a_dead_node_and_a_rejected_lease_raise_alerts(operator, viewer, fleet):
         format="json",
     )
     assert rejected.status_code == 409
-    fleet_actions.do_declare_dead(None, fleet[0].pk, reason="PSU", now=timezone.now())
+    node_actions.do_declare_dead(None, fleet[0].pk, reason="PSU", now=timezone.now())
     kinds = {a["kind"]: a for a in viewer.get("/api/alerts/").json()["results"]}
     assert "was rejected" in kinds["failed_placement"]["message"]
     assert kinds["node_dead"]["node"] == fleet[0].name and "PSU" in kinds["node_dead"]["message"]

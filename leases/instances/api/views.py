@@ -1,8 +1,8 @@
-"""Instances, reschedules, groups and alerts over the API. Every write calls leases/recovery.py."""
+"""Instances, reschedules, groups and alerts over the API, and a drain's progress. Every write calls an action of
+leases/instances/actions/; the lists filter with the same FilterSets as the console (leases/instances/filters.py)."""
 
 from __future__ import annotations
 
-from django.db import transaction
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
@@ -10,13 +10,16 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from leases import recovery
-from leases.lifecycle import IllegalTransition, InstanceState, instance_transition
-from leases.models import Alert, Group, GroupPolicy, Instance, InstanceEvent, Lease, Reschedule, RestartRecord
-from slotkeeper import audit
+from fleet.models import Node
+from leases.instances import reads
+from leases.instances.actions import alerts, groups, instances, reschedules
+from leases.instances.filters import AlertFilterSet, InstanceFilterSet, RescheduleFilterSet, filtered
+from leases.instances.models import Reschedule, RestartRecord
+from leases.lifecycle import InstanceState
+from leases.models import Alert, Group, GroupPolicy, Instance, InstanceEvent, Lease
 from slotkeeper.auth import IsOperator, IsViewer
 from slotkeeper.domain import DomainError, NotFound
-from slotkeeper.fields import INT32_MAX, INT64_MAX, StrictBooleanField, StrictIntegerField
+from slotkeeper.fields import INT32_MAX, StrictBooleanField, StrictIntegerField, is_id
 from slotkeeper.serializers import StrictModelSerializer, StrictSerializer
 
 
@@ -85,15 +88,10 @@ class InstanceViewSet(viewsets.ReadOnlyModelViewSet):
 
     def get_queryset(self):
         qs = Instance.objects.select_related("node").order_by("lease_id", "vnode", "-generation")
-        params = self.request.query_params
-        if node := params.get("node"):
-            qs = qs.filter(node__name=node) if not _is_id(node) else qs.filter(node_id=int(node))
-        if lease := params.get("lease"):
-            if not _is_id(lease):
-                raise serializers.ValidationError({"lease": "A lease id is a number."})
-            qs = qs.filter(lease_id=int(lease))
-        if state := params.get("state"):
-            qs = qs.filter(state__in=state.split(","))
+        lease = self.request.query_params.get("lease")
+        if lease and not is_id(lease):
+            raise serializers.ValidationError({"lease": "A lease id is a number."})
+        qs = filtered(InstanceFilterSet, self.request.query_params, qs)
         if self.action == "retrieve":
             qs = qs.prefetch_related("restarts", "events")
         return qs
@@ -107,29 +105,7 @@ class InstanceViewSet(viewsets.ReadOnlyModelViewSet):
         data = TransitionSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         target, reason = data.validated_data["state"], data.validated_data["reason"]
-        now = timezone.now()
-        with transaction.atomic():
-            inst = Instance.objects.select_for_update().filter(iid=iid).first()
-            if inst is None:
-                raise NotFound(f"instance {iid} does not exist")
-            try:
-                instance_transition(inst.state, target, ident=inst.iid)
-            except IllegalTransition as exc:
-                raise DomainError(str(exc)) from None
-            recovery.step(
-                inst, InstanceState(target), now, reason or f"requested by {audit.actor_label(request.user)}"
-            )
-            if target in (InstanceState.STOPPING, InstanceState.REVOKED, InstanceState.STOPPED):
-                inst.desired_state = "stopped"
-                inst.save(update_fields=["desired_state"])
-            audit.record(
-                at=now,
-                actor=request.user,
-                action="instance.transition",
-                target=inst,
-                reason=reason,
-                details={"to": target},
-            )
+        inst = instances.do_transition_instance(request.user, iid, target, now=timezone.now(), reason=reason)
         return Response(InstanceDetailSerializer(Instance.objects.get(pk=inst.pk)).data)
 
 
@@ -208,12 +184,7 @@ class RescheduleViewSet(viewsets.ReadOnlyModelViewSet):
 
     def get_queryset(self):
         qs = Reschedule.objects.select_related("instance", "proposed_node", "report", "new_instance")
-        params = self.request.query_params
-        if status_ := params.get("status"):
-            qs = qs.filter(status__in=status_.split(","))
-        if group := params.get("group"):
-            qs = qs.filter(lease__groups__name=group)
-        return qs
+        return filtered(RescheduleFilterSet, self.request.query_params, qs)
 
     @extend_schema(
         request=ApproveOneSerializer,
@@ -229,7 +200,7 @@ class RescheduleViewSet(viewsets.ReadOnlyModelViewSet):
         data = ApproveOneSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         versions = {pk: data.validated_data["version"]} if "version" in data.validated_data else None
-        [result] = recovery.do_approve(request.user, [pk], now=timezone.now(), versions=versions)
+        [result] = reschedules.do_approve(request.user, [pk], now=timezone.now(), versions=versions)
         return Response(result.as_dict())
 
     @extend_schema(request=RejectSerializer, responses={200: RescheduleSerializer})
@@ -237,7 +208,7 @@ class RescheduleViewSet(viewsets.ReadOnlyModelViewSet):
     def reject(self, request, pk=None):
         data = RejectSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        proposal = recovery.do_reject(
+        proposal = reschedules.do_reject(
             request.user, _int_pk(pk), now=timezone.now(), reason=data.validated_data["reason"]
         )
         return Response(RescheduleSerializer(proposal).data)
@@ -261,20 +232,14 @@ class RescheduleViewSet(viewsets.ReadOnlyModelViewSet):
             )
         else:
             ids = data.validated_data["ids"]
-        results = recovery.do_approve(request.user, ids, now=timezone.now()) if ids else []
+        results = reschedules.do_approve(request.user, ids, now=timezone.now()) if ids else []
         return Response({"results": [r.as_dict() for r in results]})
 
 
 def _int_pk(pk) -> int:
-    if not _is_id(str(pk)):
+    if not is_id(str(pk)):
         raise NotFound(f"reschedule {pk} does not exist")
     return int(pk)
-
-
-def _is_id(value: str) -> bool:
-    """Whether a path or query value is a database id: ASCII digits within `bigint` ("²".isdigit() is True and
-    int("²") raises; an id past 2^63 - 1 overflowed the database driver: both were 500s)."""
-    return value.isascii() and value.isdigit() and 1 <= int(value) <= INT64_MAX
 
 
 MAX_GROUP_LEASES = 1000
@@ -310,7 +275,7 @@ class GroupSerializer(StrictModelSerializer):
         max_per_node = attrs.get("max_per_node", getattr(self.instance, "max_per_node", 1))
         leases = attrs.get("leases", list(self.instance.leases.all()) if self.instance else [])
         if hard:
-            problem = recovery.group_violation(policy, max_per_node, [lease.pk for lease in leases])
+            problem = groups.violation(policy, max_per_node, [lease.pk for lease in leases])
             if problem:
                 raise serializers.ValidationError(
                     {"policy": f"The current members already violate it: {problem}"}
@@ -332,17 +297,19 @@ class GroupViewSet(viewsets.ModelViewSet):
             raise NotFound(f"group {self.kwargs['name']} does not exist")
         return group
 
+    # The serializer validates; the actions write (with their audit rows), never serializer.save().
     def perform_create(self, serializer):
-        group = serializer.save()
-        audit.record(at=timezone.now(), actor=self.request.user, action="group.create", target=group)
+        serializer.instance = groups.do_create_group(
+            self.request.user, now=timezone.now(), **serializer.validated_data
+        )
 
     def perform_update(self, serializer):
-        group = serializer.save()
-        audit.record(at=timezone.now(), actor=self.request.user, action="group.update", target=group)
+        serializer.instance = groups.do_update_group(
+            self.request.user, serializer.instance, now=timezone.now(), **serializer.validated_data
+        )
 
     def perform_destroy(self, instance):
-        audit.record(at=timezone.now(), actor=self.request.user, action="group.delete", target=instance)
-        instance.delete()
+        groups.do_delete_group(self.request.user, instance, now=timezone.now())
 
 
 class AlertSerializer(serializers.ModelSerializer):
@@ -369,21 +336,17 @@ class AlertViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
     def resolve(self, request, pk=None):
         data = RejectSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        if not _is_id(str(pk)):
+        if not is_id(str(pk)):
             raise NotFound(f"alert {pk} does not exist")
         alert_id = int(pk)
-        alert = recovery.do_resolve_alert(
+        alert = alerts.do_resolve_alert(
             request.user, alert_id, now=timezone.now(), reason=data.validated_data["reason"]
         )
         return Response(AlertSerializer(alert).data)
 
     def get_queryset(self):
         qs = Alert.objects.select_related("instance", "node")
-        if self.request.query_params.get("open") in {"1", "true"}:
-            qs = qs.filter(resolved_at=None)
-        if kind := self.request.query_params.get("kind"):
-            qs = qs.filter(kind=kind)
-        return qs
+        return filtered(AlertFilterSet, self.request.query_params, qs)
 
 
 __all__ = ["AlertViewSet", "GroupPolicy", "GroupViewSet", "InstanceViewSet", "RescheduleViewSet", "status"]
@@ -394,9 +357,7 @@ class DrainProgressView(APIView):
 
     @extend_schema(responses={200: dict})
     def get(self, request, node_id: int):
-        from fleet.models import Node
-
         node = Node.objects.filter(pk=node_id).first()
         if node is None:
             raise NotFound(f"node {node_id} does not exist")
-        return Response(recovery.drain_progress(node))
+        return Response(reads.drain_progress(node))

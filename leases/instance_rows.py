@@ -1,0 +1,143 @@
+"""A lease's instance rows: one per vnode while the lease is active, on the node its VM reservation names.
+
+The plan applier (store.apply) calls `sync_lease_instances` in its own transaction, so a lease's instances always
+follow its reservations. Every state change goes through the pure machine in leases/lifecycle.py (`step`): an
+illegal step is refused and logged, never applied. Everything else that happens to an instance (agent reports,
+restarts, node loss, reschedules, drains) belongs to the instances package above (leases/instances/), which
+uses these helpers; nothing here imports it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from datetime import datetime
+
+from django.db.models import Max
+
+from leases.lifecycle import LIVE_INSTANCE_STATES, InstanceState, LeaseState, can_instance, instance_id
+from leases.models import Instance, InstanceEvent
+from slotkeeper import events
+
+log = logging.getLogger(__name__)
+_I = InstanceState
+
+LIVE = [s.value for s in LIVE_INSTANCE_STATES]
+# States in which an instance still occupies its node from the agent's point of view (what assignments list).
+ON_NODE = [*LIVE, _I.FINISHED, _I.REVOKED, _I.STOPPED, _I.FAILED, _I.RESCHEDULED, _I.LOST]
+
+
+# -- state steps ---------------------------------------------------------------------------------------------
+
+
+def step(
+    inst: Instance, target: InstanceState, now: datetime, reason: str = "", *, save: bool = True
+) -> bool:
+    """Moves an instance to `target` if the machine allows it; otherwise logs the refusal and changes nothing."""
+    if inst.state == target:
+        return True
+    if not can_instance(inst.state, target):
+        log.warning(
+            "illegal instance step refused",
+            extra={"instance": inst.iid, "from": inst.state, "to": str(target), "reason": reason},
+        )
+        return False
+    InstanceEvent.objects.create(instance=inst, at=now, from_state=inst.state, to_state=target, reason=reason)
+    inst.state = target
+    inst.state_changed_at = now
+    if save:
+        inst.save(update_fields=["state", "state_changed_at"])
+    events.send_on_commit("instance-changed", instance=inst.iid, lease=inst.lease_id)
+    return True
+
+
+def next_generation(lease_id: int, vnode: int) -> int:
+    top = Instance.objects.filter(lease_id=lease_id, vnode=vnode).aggregate(g=Max("generation"))["g"]
+    return 0 if top is None else top + 1
+
+
+def placed_instance(
+    lease_id: int, vnode: int, generation: int, node_id: int, now: datetime, *, replaces=None
+) -> tuple[Instance, InstanceEvent]:
+    """A new instance placed on a node, and its first history row, both unsaved: how every instance starts,
+    whether one is created at a time (a lease starting) or many in one write (a bulk approval)."""
+    inst = Instance(
+        iid=instance_id(lease_id, vnode, generation),
+        lease_id=lease_id,
+        vnode=vnode,
+        generation=generation,
+        node_id=node_id,
+        state=_I.PLACED,
+        desired_state="running",
+        created_at=now,
+        state_changed_at=now,
+        replaces=replaces,
+    )
+    return inst, InstanceEvent(at=now, from_state=_I.REQUESTED, to_state=_I.PLACED, reason="placed")
+
+
+def create_instance(lease_id: int, vnode: int, node_id: int, now: datetime, *, replaces=None) -> Instance:
+    inst, first = placed_instance(
+        lease_id, vnode, next_generation(lease_id, vnode), node_id, now, replaces=replaces
+    )
+    inst.save()
+    first.instance = inst
+    first.save()
+    events.send_on_commit("instance-changed", instance=inst.iid, lease=lease_id)
+    return inst
+
+
+def wind_down(inst: Instance, now: datetime, *, finished: bool, reason: str) -> None:
+    """The lease no longer runs this instance here: the agent is told to stop it, and confirms by not reporting it."""
+    inst.desired_state = "stopped"
+    inst.save(update_fields=["desired_state"])
+    if inst.state == _I.RUNNING and finished:
+        step(inst, _I.FINISHED, now, reason)
+    elif inst.state in (_I.PLACED, _I.FETCHING, _I.VERIFIED, _I.LOADED):
+        step(inst, _I.REVOKED, now, reason)
+    elif inst.state in (_I.RUNNING, _I.UNHEALTHY, _I.RESTARTING):
+        step(inst, _I.STOPPING, now, reason)
+
+
+# -- leases drive their instances ----------------------------------------------------------------------------
+
+
+def present_instances(lease_ids: Iterable[int]) -> dict[int, list[Instance]]:
+    """The instances that stand for their vnodes (live, lost or failed), by lease, oldest generation first."""
+    out: dict[int, list[Instance]] = {}
+    rows = Instance.objects.filter(lease_id__in=list(lease_ids), state__in=[*LIVE, _I.LOST, _I.FAILED])
+    # Locked in id order (the order every writer of instance rows takes), so a heartbeat ingesting reports for
+    # the same rows waits for this change, or this change for it.
+    locked = list(rows.select_for_update().order_by("id"))
+    for inst in sorted(locked, key=lambda i: (i.generation, i.pk)):
+        out.setdefault(inst.lease_id, []).append(inst)
+    return out
+
+
+def sync_lease_instances(
+    lease_id: int,
+    lease_state: LeaseState,
+    vm_nodes: dict[int, int] | None,
+    now: datetime,
+    *,
+    present: list[Instance] | None = None,
+) -> None:
+    """Keeps a lease's instances consistent with its state: one live instance per vnode while it is active, on the
+    node its VM reservation names; none otherwise."""
+    # A lost or failed instance still stands for its vnode: a reschedule (or an operator) decides what replaces it,
+    # never a side effect of some other change to the lease.
+    if present is None:
+        present = present_instances([lease_id]).get(lease_id, [])
+    live = {i.vnode: i for i in present}
+    if lease_state == LeaseState.ACTIVE and vm_nodes:
+        for vnode, node_id in vm_nodes.items():
+            current = live.pop(vnode, None)
+            if current is not None and (current.node_id == node_id or current.state in (_I.LOST, _I.FAILED)):
+                continue
+            if current is not None:
+                wind_down(current, now, finished=False, reason=f"vnode {vnode} moved to node {node_id}")
+            create_instance(lease_id, vnode, node_id, now)
+    finished = lease_state == LeaseState.DONE
+    for inst in live.values():
+        if inst.state in LIVE:
+            wind_down(inst, now, finished=finished, reason=f"lease is {lease_state}")

@@ -1,0 +1,101 @@
+"""Node operations as the instances package sees them: fleet's action, then what it means for the instances on
+the node, in one transaction. The agent's heartbeat, declare-dead, the sweep, a drain with a deadline and a node's
+deletion all enter here (API, console, admin, the periodic step); fleet/actions.py alone knows nothing of
+instances, and nothing calls back up into this module.
+
+Lock order, as every writer takes it: the plan lock first, then instance rows by id, then node rows by id. The
+heartbeat ingests the instance reports (instance rows) before fleet updates the node row; declare-dead and the
+sweep take the plan lock before the node.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from django.db import transaction
+
+from fleet import actions as fleet_actions
+from fleet.actions import HealthReport
+from fleet.models import Node, NodeStatus
+from leases.instances import reads
+from leases.instances.actions import drains, loss, reports
+from slotkeeper import planlock
+
+log = logging.getLogger(__name__)
+
+
+def do_heartbeat(node: Node, report: HealthReport, *, now: datetime) -> Node:
+    """The agent's heartbeat: the instance reports ingested, then the node's health recorded, in one transaction.
+    A fenced node is refused (409) before anything is read or written."""
+    if node.fenced_at is not None:
+        fleet_actions.refuse_fenced(node, now)
+    # Only an idle report needs to know whether work is placed here (fleet then remembers the idle footprint).
+    committed = bool(report.instances) or any(reads.claims([node.pk]).get(node.pk, ((), ())))
+    with transaction.atomic():
+        reports.ingest_reports(node, list(report.instances), now)
+        return fleet_actions.do_heartbeat(node, report, now=now, committed=committed)
+
+
+def do_declare_dead(actor, node_id: int, *, reason: str, now: datetime) -> Node:
+    """Declares the node dead (fenced until re-admitted) and loses its live instances, in one transaction."""
+    with transaction.atomic():
+        planlock.take()
+        before = fleet_actions.get_node(node_id, lock=True)
+        node = fleet_actions.do_declare_dead(actor, node_id, reason=reason, now=now)
+        # A node the sweep found dead already lost its instances then; declaring it now only fences it.
+        if before.status != NodeStatus.DEAD:
+            loss.on_nodes_died([node.pk], now, node.status_reason)
+    return node
+
+
+def sweep(now: datetime) -> fleet_actions.SweepResult:
+    """Fleet's sweep, then every node silent past the dead cutoff declared dead and its instances lost, one
+    transaction per node, so a heartbeat that lands meanwhile wins for that node."""
+    result = fleet_actions.sweep(now)
+    if result.dead_cutoff is not None:
+        for node_id in fleet_actions.silent_dead(result.dead_cutoff):
+            with transaction.atomic():
+                node = fleet_actions.declare_silent_dead(node_id, now, result.dead_cutoff)
+                if node is not None:
+                    loss.on_nodes_died([node.pk], now, node.status_reason)
+                    result.dead.append(node.name)
+    if result.offline or result.dead or result.resumed_after_s is not None:
+        log.info(
+            "sweep",
+            extra={
+                "offline": result.offline,
+                "dead": result.dead,
+                "resumed_after_s": result.resumed_after_s,
+                "disrupted": result.disrupted,
+            },
+        )
+    return result
+
+
+def do_drain(
+    actor,
+    node_id: int,
+    *,
+    reason: str,
+    now: datetime,
+    deadline: datetime | None = None,
+    max_parallel: int = 2,
+) -> Node:
+    """Drains the node; with a deadline its live instances are proposed for moves in the same transaction."""
+    with transaction.atomic():
+        node = fleet_actions.do_drain(
+            actor, node_id, reason=reason, now=now, deadline=deadline, max_parallel=max_parallel
+        )
+        if deadline is not None:
+            drains.propose_moves(node, now)
+    return node
+
+
+def do_delete_node(actor, node_id: int, *, now: datetime) -> None:
+    """Deletes a node that runs nothing and holds nothing, counting the instances placed on it under the plan
+    lock (fleet checks the reservations and what the agent reports)."""
+    with transaction.atomic():
+        planlock.take()
+        node = fleet_actions.get_node(node_id, lock=True)
+        fleet_actions.do_delete_node(actor, node_id, now=now, placed=reads.placed_ids(node))

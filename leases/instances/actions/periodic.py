@@ -1,0 +1,31 @@
+"""The periodic work, composed: the sweep (fleet's, then node loss) and the tick (the lease core's, then restarts
+whose backoff passed, then drains with a deadline). The embedded loop and Celery beat both run these."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db.models import Count
+
+from leases import actions as lease_actions
+from leases.instances.actions import drains, nodes, restarts
+from leases.instances.models import Reschedule
+
+
+def tick(now: datetime) -> None:
+    """One tick; a failure anywhere in it is recorded once for the whole step (leases.actions.recorded_tick)."""
+    with lease_actions.recorded_tick(now):
+        lease_actions.advance(now)
+        restarts.supervise(now)
+        drains.drive_drains(now)
+
+
+def sweep(now: datetime):
+    return nodes.sweep(now)
+
+
+def reschedule_gauges():
+    return [
+        ("slotkeeper_reschedules", {"status": r["status"]}, r["n"])
+        for r in Reschedule.objects.values("status").annotate(n=Count("id"))
+    ]

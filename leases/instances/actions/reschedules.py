@@ -1,0 +1,310 @@
+"""Reschedules: a proposal (a dry-run placement kept with every node's verdict), its approval and its rejection.
+
+Approvals run in one plan-applier transaction (store.planning), so a move counts every other move already
+committed; two approvals that race (seed 002, Nova bug 1735407) are serialised and the second is re-planned
+instead of violating the group. A bulk approval re-plans each proposal against the ones approved before it in the
+same call, and writes them all at the end (`_Batch`). Each approval writes its audit row; events go after commit.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.db import IntegrityError, transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from fleet import capacity, placement
+from fleet.models import PlacementReport
+from leases import store
+from leases.instance_rows import LIVE, placed_instance
+from leases.instances.models import Reschedule, RescheduleStatus
+from leases.instances.placing import FleetView, blocker, plan_move, remaining_windows, why_not
+from leases.lifecycle import InstanceState, LeaseState, can_instance
+from leases.models import Instance, InstanceEvent
+from slotkeeper import audit, events, metrics
+from slotkeeper.bulk import update_many
+from slotkeeper.domain import DomainError, NotFound, StaleVersion
+from slotkeeper.models import AuditEntry
+
+log = logging.getLogger(__name__)
+_I = InstanceState
+
+
+def propose(inst: Instance, now: datetime, *, cause: str, note: str = "") -> Reschedule | None:
+    """A dry-run placement (target and every node's verdict) kept as a pending proposal."""
+    need, result, ids = plan_move(inst, now)
+    report = placement.record(now, f"reschedule:{inst.iid}", need, result, ids_by_name=ids)
+    target = result.nodes[0] if result.outcome == capacity.Outcome.PLACED else None
+    try:
+        with transaction.atomic():
+            proposal = Reschedule.objects.create(
+                instance=inst,
+                lease=inst.lease,
+                cause=cause,
+                proposed_node_id=ids.get(target) if target else None,
+                report=report,
+                blocked_by="" if target else blocker(result),
+                message=f"{note} {result.message}".strip(),
+                created_at=now,
+            )
+    except IntegrityError:
+        return None  # a pending proposal for this instance exists already
+    events.send_on_commit("reschedule-changed", reschedule=proposal.pk)
+    if inst.lease.auto_approve_reschedules and target:
+        transaction.on_commit(lambda: _auto_approve(proposal.pk))
+    return proposal
+
+
+def _auto_approve(pk: int) -> None:
+    try:
+        do_approve(None, [pk], now=timezone.now())
+    except DomainError:
+        log.info("auto-approval left the proposal pending", extra={"reschedule": pk})
+
+
+@dataclass
+class ApprovalResult:
+    id: int
+    ok: bool
+    status: str
+    message: str
+    node: str | None = None
+    new_instance: str | None = None
+    # What happened, for programs: applied | pending (re-planned, nothing fits) | stale (the version the caller saw
+    # is old) | conflict (already applied or rejected, or nothing to move) | not_found.
+    code: str = ""
+
+    def as_dict(self) -> dict:
+        return {
+            "id": self.id,
+            "ok": self.ok,
+            "code": self.code,
+            "status": self.status,
+            "message": self.message,
+            "node": self.node,
+            "new_instance": self.new_instance,
+        }
+
+
+@dataclass
+class _Batch:
+    """The writes of a bulk approval, made once at the end: a burst of moves is a few statements, not a dozen each.
+    Every check that can refuse an item runs before its writes are queued, so a refused item leaves nothing."""
+
+    now: datetime
+    actor: object
+    reports: list = field(default_factory=list)  # (proposal, PlacementReport)
+    proposals: list = field(default_factory=list)
+    new_instances: list = field(default_factory=list)  # (proposal or None, Instance)
+    old_instances: list = field(default_factory=list)
+    history: list = field(default_factory=list)  # (instance, InstanceEvent)
+    audits: list = field(default_factory=list)
+    generations: dict = field(default_factory=dict)  # (lease, vnode) -> highest generation so far
+
+    def next_generation(self, lease_id: int, vnode: int) -> int:
+        key = (lease_id, vnode)
+        self.generations[key] = self.generations.get(key, -1) + 1
+        return self.generations[key]
+
+    def flush(self) -> None:
+        made = PlacementReport.objects.bulk_create([report for _, report in self.reports])
+        for (proposal, _), report in zip(self.reports, made, strict=True):
+            proposal.report = report
+        Instance.objects.bulk_create([inst for _, inst in self.new_instances])
+        for proposal, inst in self.new_instances:
+            if proposal is not None:
+                proposal.new_instance = inst
+        for inst, event in self.history:
+            event.instance = inst
+        InstanceEvent.objects.bulk_create([event for _, event in self.history])
+        if self.old_instances:
+            update_many(self.old_instances, ["state", "state_changed_at", "desired_state"])
+        if self.proposals:
+            fields = [
+                "status",
+                "version",
+                "report",
+                "blocked_by",
+                "message",
+                "decided_at",
+                "decided_by",
+                "new_instance",
+            ]
+            update_many(self.proposals, fields)
+        AuditEntry.objects.bulk_create(self.audits)
+        for proposal in self.proposals:
+            events.send_on_commit("reschedule-changed", reschedule=proposal.pk)
+        for _, inst in self.new_instances:
+            events.send_on_commit("instance-changed", instance=inst.iid, lease=inst.lease_id)
+
+    def event(self, inst: Instance, target: InstanceState, reason: str) -> None:
+        self.history.append(
+            (inst, InstanceEvent(at=self.now, from_state=inst.state, to_state=target, reason=reason))
+        )
+        inst.state = target
+        inst.state_changed_at = self.now
+
+
+def do_approve(
+    actor, ids: Sequence[int], *, now: datetime, versions: dict[int, int] | None = None
+) -> list[ApprovalResult]:
+    """Approves proposals in one plan-applier transaction: each is re-planned against everything committed before
+    it (including the moves approved earlier in this same call), so a group can never be broken by a burst."""
+    results = []
+    with store.planning(now) as plan:
+        # Retire what is already over, so only live reservations are compared.
+        plan.scheduler.advance(plan.t, plan.excluded)
+        fleet = FleetView.read(now)
+        proposals = {
+            p.pk: p
+            for p in Reschedule.objects.select_for_update(of=("self",))
+            .select_related("instance__lease", "proposed_node")
+            .prefetch_related("instance__lease__groups")
+            .filter(pk__in=list(ids))
+        }
+        # The instances the approvals change, locked in id order like every other writer of instance rows.
+        list(
+            Instance.objects.select_for_update()
+            .filter(pk__in=sorted({p.instance_id for p in proposals.values()}))
+            .order_by("id")
+            .values_list("id", flat=True)
+        )
+        lease_ids = {p.lease_id for p in proposals.values()}
+        windows = remaining_windows(lease_ids, now)
+        batch = _Batch(now=now, actor=actor)
+        for lease_id, vnode, top in _generations(lease_ids):
+            batch.generations[(lease_id, vnode)] = top
+        for pk in ids:
+            try:
+                proposal = proposals.get(pk)
+                if proposal is None:
+                    raise NotFound(f"reschedule {pk} does not exist")
+                results.append(_approve_one(proposal, plan, (versions or {}).get(pk), fleet, batch, windows))
+            except (DomainError, NotFound) as exc:
+                status = proposals[pk].status if pk in proposals else "unknown"
+                code = (
+                    "not_found"
+                    if isinstance(exc, NotFound)
+                    else "stale"
+                    if isinstance(exc, StaleVersion)
+                    else "conflict"
+                )
+                results.append(ApprovalResult(pk, False, status, str(exc), code=code))
+                if len(ids) == 1:
+                    raise
+        batch.flush()
+    for result in results:
+        metrics.inc(
+            "slotkeeper_placements_total", kind="reschedule", outcome="placed" if result.ok else result.status
+        )
+    return results
+
+
+def _generations(lease_ids: Iterable[int]) -> list[tuple[int, int, int]]:
+    rows = (
+        Instance.objects.filter(lease_id__in=list(lease_ids))
+        .values("lease_id", "vnode")
+        .annotate(top=Max("generation"))
+        .values_list("lease_id", "vnode", "top")
+    )
+    return list(rows)
+
+
+def _approve_one(
+    proposal, plan, version: int | None, fleet: FleetView, batch: _Batch, windows
+) -> ApprovalResult:
+    pk, now = proposal.pk, batch.now
+    if proposal.status != RescheduleStatus.PENDING:
+        raise DomainError(f"reschedule {pk} is already {proposal.status}")
+    if version is not None and version != proposal.version:
+        raise StaleVersion(
+            f"reschedule {pk} changed since you saw it (version {version}, now {proposal.version})"
+        )
+    inst = proposal.instance
+    lease = inst.lease
+    who = audit.actor_label(batch.actor)
+    if lease.state != LeaseState.ACTIVE or inst.state not in (_I.LOST, *LIVE):
+        proposal.status = RescheduleStatus.REJECTED
+        proposal.message = (
+            f"nothing to move: lease {lease.pk} is {lease.state}, instance {inst.iid} is {inst.state}"
+        )
+        proposal.decided_at, proposal.decided_by = now, who
+        batch.proposals.append(proposal)
+        return ApprovalResult(pk, False, proposal.status, proposal.message, code="conflict")
+    proposed = proposal.proposed_node.name if proposal.proposed_node_id else None
+    need, result, ids = plan_move(
+        inst, now, preferred=proposed, table=plan.scheduler.table, fleet=fleet, windows=windows
+    )
+    report = placement.report_row(
+        now, f"reschedule:{inst.iid}", need, result, requested_by=who, ids_by_name=ids
+    )
+    batch.reports.append((proposal, report))
+    batch.proposals.append(proposal)
+    if result.outcome != capacity.Outcome.PLACED:
+        proposal.version += 1
+        proposal.blocked_by = blocker(result)
+        proposal.message = f"still pending: {result.message}"
+        return ApprovalResult(pk, False, proposal.status, proposal.message, code="pending")
+    target_name = result.nodes[0]
+    target_id = ids[target_name]
+    if not store.move_vnode(plan, lease.pk, inst.vnode, inst.node_id, target_id):
+        batch.reports.pop()
+        batch.proposals.pop()
+        raise DomainError(f"the slot table has no room for {inst.iid} on {target_name} any more")
+    generation = batch.next_generation(lease.pk, inst.vnode)
+    new, first = placed_instance(lease.pk, inst.vnode, generation, target_id, now, replaces=inst)
+    batch.new_instances.append((proposal, new))
+    batch.history.append((new, first))
+    fleet.moved(inst, new, need, target_name)
+    if inst.state == _I.LOST:
+        batch.event(inst, _I.RESCHEDULED, f"replaced by {new.iid} on {target_name}")
+    else:
+        # A drain moves a live instance: the old one is told to stop once its replacement is placed.
+        inst.desired_state = "stopped"
+        target = _I.STOPPING if inst.state in (_I.RUNNING, _I.UNHEALTHY, _I.RESTARTING) else _I.REVOKED
+        if can_instance(inst.state, target):
+            batch.event(inst, target, f"moved to {target_name} as {new.iid}")
+    batch.old_instances.append(inst)
+    changed = proposed and proposed != target_name
+    message = (
+        f"moved to {target_name} as {new.iid}; the proposed node {proposed} no longer fits "
+        f"({why_not(result, proposed)})"
+        if changed
+        else f"moved to {target_name} as {new.iid}"
+    )
+    proposal.status = RescheduleStatus.APPLIED
+    proposal.message = message
+    proposal.blocked_by = ""
+    proposal.decided_at, proposal.decided_by = now, who
+    proposal.version += 1
+    batch.audits.append(
+        audit.entry(
+            at=now,
+            actor=batch.actor,
+            action="reschedule.approve",
+            target=proposal,
+            details={"node": target_name, "message": message},
+        )
+    )
+    return ApprovalResult(pk, True, proposal.status, message, target_name, new.iid, code="applied")
+
+
+def do_reject(actor, pk: int, *, now: datetime, reason: str = "") -> Reschedule:
+    with transaction.atomic():
+        proposal = Reschedule.objects.select_for_update().filter(pk=pk).first()
+        if proposal is None:
+            raise NotFound(f"reschedule {pk} does not exist")
+        if proposal.status != RescheduleStatus.PENDING:
+            raise DomainError(f"reschedule {pk} is already {proposal.status}")
+        proposal.status = RescheduleStatus.REJECTED
+        proposal.decided_at, proposal.decided_by = now, audit.actor_label(actor)
+        proposal.message = reason or "rejected by an operator"
+        proposal.version += 1
+        proposal.save(update_fields=["status", "decided_at", "decided_by", "message", "version"])
+        audit.record(at=now, actor=actor, action="reschedule.reject", target=proposal, reason=reason)
+        events.send_on_commit("reschedule-changed", reschedule=pk)
+    return proposal

@@ -1,0 +1,108 @@
+"""The node API as the agent and the operators use it: fleet's NodeViewSet with the operations that touch what
+runs on a node, each calling the composed action (leases/instances/actions/nodes.py), and the placement preview
+with the instances' claims. The URLconf routes these classes; the paths and the schema are fleet's as before.
+"""
+
+from __future__ import annotations
+
+from django.utils import timezone
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import status
+from rest_framework.decorators import action
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from fleet import actions, capacity, placement
+from fleet.api import serializers as s
+from fleet.api import views as fleet_views
+from fleet.api.views import validated
+from leases.instances import reads
+from leases.instances.actions import nodes
+from slotkeeper import metrics
+from slotkeeper.auth import IsOperator
+
+
+class NodeViewSet(fleet_views.NodeViewSet):
+    # No docstring: the schema would show it as the description of every operation on nodes.
+
+    def destroy(self, request, pk=None):
+        nodes.do_delete_node(request.user, self._pk(pk), now=timezone.now())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(
+        request=s.HeartbeatSerializer,
+        responses={
+            200: s.HeartbeatAckSerializer,
+            403: OpenApiResponse(description="another node's token"),
+            409: OpenApiResponse(
+                description='the node was declared dead and is fenced (`"code": "fenced"`): stop every instance '
+                "and wait until an admin re-admits it"
+            ),
+        },
+    )
+    @action(detail=True, methods=["post"])
+    def heartbeat(self, request, pk=None):
+        node = self._own_node(request, pk)
+        report = actions.HealthReport(**validated(s.HeartbeatSerializer, request.data))
+        node = nodes.do_heartbeat(node, report, now=timezone.now())
+        metrics.inc("slotkeeper_heartbeats_total")
+        return Response({"status": node.status, "server_time": timezone.now()})
+
+    @extend_schema(request=None, responses={200: dict})
+    @action(detail=True, methods=["get"])
+    def assignments(self, request, pk=None):
+        node = self._own_node(request, pk)
+        if node.fenced_at is not None:
+            # A fenced node is told so on every call, and given nothing to run.
+            actions.refuse_fenced(node, timezone.now())
+        return Response(reads.assignments_for(node, timezone.now()))
+
+    @extend_schema(request=s.DrainSerializer, responses={200: s.NodeSerializer})
+    @action(detail=True, methods=["post"])
+    def drain(self, request, pk=None):
+        data = validated(s.DrainSerializer, request.data)
+        node = nodes.do_drain(
+            request.user,
+            self._pk(pk),
+            reason=data["reason"],
+            now=timezone.now(),
+            deadline=data["deadline"],
+            max_parallel=data["max_parallel"],
+        )
+        return Response(s.NodeSerializer(node).data)
+
+    @extend_schema(request=s.ReasonSerializer, responses={200: s.NodeSerializer})
+    @action(detail=True, methods=["post"], url_path="declare-dead")
+    def declare_dead(self, request, pk=None):
+        reason = validated(s.ReasonSerializer, request.data)["reason"]
+        node = nodes.do_declare_dead(request.user, self._pk(pk), reason=reason, now=timezone.now())
+        return Response(s.NodeSerializer(node).data)
+
+
+class PlacementPreviewView(APIView):
+    permission_classes = [IsOperator]
+
+    @extend_schema(request=s.PreviewSerializer, responses={200: s.PlacementResultSerializer})
+    def post(self, request):
+        data = validated(s.PreviewSerializer, request.data)
+        need = capacity.Need(
+            mem_mib=data["mem_mib"],
+            disk_gib=data["disk_gib"],
+            cpu_cores=data["cpu_cores"],
+            capabilities=frozenset(data["capabilities"]),
+            count=data["count"],
+            preferred_node=data["preferred_node"] or None,
+        )
+        now = timezone.now()
+        states = placement.snapshot(now, claims=reads.claims())
+        result, report = actions.do_preview_placement(request.user, need, states=states, now=now)
+        return Response(
+            {
+                "outcome": str(result.outcome),
+                "nodes": list(result.nodes),
+                "message": result.message,
+                "preferred_note": result.preferred_note,
+                "report": report.pk,
+                "verdicts": report.verdicts,
+            }
+        )

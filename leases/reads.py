@@ -1,0 +1,49 @@
+"""Reads of the lease core, apart from its writes: a lease by id, the scheduler's health for /readyz, and the
+groups a lease belongs to as the pure group rules take them (fleet/affinity.py)."""
+
+from __future__ import annotations
+
+from fleet import affinity
+from leases.lifecycle import LIVE_INSTANCE_STATES
+from leases.models import Group, Instance, Lease, SchedulerState
+from slotkeeper.domain import NotFound
+
+LIVE = [s.value for s in LIVE_INSTANCE_STATES]
+
+
+def get_lease(lease_id: int) -> Lease:
+    try:
+        return Lease.objects.get(pk=lease_id)
+    except Lease.DoesNotExist:
+        raise NotFound(f"lease {lease_id} does not exist") from None
+
+
+def scheduler_health() -> str:
+    """For /readyz: "ok", or how the tick is failing (counts and times only, no reasons: probes are public)."""
+    state = SchedulerState.objects.filter(pk=1).first()
+    if state is None or not state.tick_failures:
+        return "ok"
+    return f"tick failing: {state.tick_failures} in a row, last at {state.tick_failed_at:%Y-%m-%dT%H:%M:%SZ}"
+
+
+def group_rule(group: Group) -> affinity.GroupRule:
+    return affinity.GroupRule(group.name, group.policy, group.hard, group.max_per_node)
+
+
+def group_members(group: Group) -> dict[int, list[tuple[int, str]]]:
+    """Where the group's live members run: node id -> [(instance pk, iid)]."""
+    rows = Instance.objects.filter(lease__groups=group, state__in=LIVE).values_list("node_id", "pk", "iid")
+    by_node: dict[int, list[tuple[int, str]]] = {}
+    for node_id, pk, iid in rows:
+        by_node.setdefault(node_id, []).append((pk, iid))
+    return by_node
+
+
+def lease_groups(lease: Lease) -> list[affinity.GroupMembers]:
+    """The lease's groups with their live members, as the rules take them."""
+    return [
+        affinity.GroupMembers(
+            group_rule(g), {n: [iid for _, iid in entries] for n, entries in group_members(g).items()}
+        )
+        for g in lease.groups.all()
+    ]
