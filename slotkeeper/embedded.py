@@ -15,9 +15,8 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import close_old_connections
 
-from slotkeeper.periodic import run_periodic
-
 from slotkeeper import shutdown
+from slotkeeper.periodic import run_periodic
 
 log = logging.getLogger(__name__)
 

@@ -154,15 +154,15 @@ def test_a_disrupted_fleet_raises_one_alert_that_resolves_when_heartbeats_return
     # none dead, and the tick says why in one alert.
     nodes = [one_node(T0, name=f"n{i}") for i in range(5)]
     for seconds in range(0, 125, 5):
-        fleet_actions.sweep(T0 + timedelta(seconds=seconds))
-    actions.tick(T0 + timedelta(seconds=125))
-    actions.tick(T0 + timedelta(seconds=130))
+        periodic.sweep(T0 + timedelta(seconds=seconds))
+    periodic.tick(T0 + timedelta(seconds=125))
+    periodic.tick(T0 + timedelta(seconds=130))
     alert = Alert.objects.get(kind="fleet_disrupted")
     assert "5 of 5 nodes" in alert.message and alert.resolved_at is None
     assert not Node.objects.filter(status="dead").exists()
     for node in nodes:
         beat(Node.objects.get(pk=node.pk), T0 + timedelta(seconds=131))
-    fleet_actions.sweep(T0 + timedelta(seconds=135))
-    actions.tick(T0 + timedelta(seconds=135))
+    periodic.sweep(T0 + timedelta(seconds=135))
+    periodic.tick(T0 + timedelta(seconds=135))
     alert.refresh_from_db()
     assert alert.resolved_at is not None

@@ -18,8 +18,8 @@ from leases.instances.models import Reschedule, RestartRecord
 from leases.lifecycle import InstanceState
 from leases.models import Alert, Group, GroupPolicy, Instance, InstanceEvent, Lease
 from slotkeeper.auth import IsOperator, IsViewer
-from slotkeeper.domain import DomainError, NotFound
-from slotkeeper.fields import INT32_MAX, StrictBooleanField, StrictIntegerField, is_id
+from slotkeeper.domain import NotFound
+from slotkeeper.fields import INT32_MAX, INT64_MAX, StrictBooleanField, StrictIntegerField, is_id
 from slotkeeper.serializers import StrictModelSerializer, StrictSerializer
 
 
