@@ -8,7 +8,7 @@ import logging
 import uuid
 from datetime import UTC, datetime
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from slotkeeper.middleware import DualModeMiddleware
 
 request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 
@@ -47,25 +47,11 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(payload, default=str)
 
 
-class RequestIdMiddleware:
-    """Takes X-Request-ID from the caller (or makes one), logs with it, and returns it on the response.
+class RequestIdMiddleware(DualModeMiddleware):
+    """Takes X-Request-ID from the caller (or makes one), logs with it, and returns it on the response. Async under
+    Daphne (see DualModeMiddleware): with every middleware async, the only thread of a request is its view's."""
 
-    Async under Daphne. A sync-only middleware makes Django hop thread -> loop -> thread for every request
-    (async_to_sync around the rest of the stack), and a request thread caught in that hop when Daphne's loop
-    stopped waited for the stopped loop forever: a SIGTERM'd Daphne then only ended by slotkeeper.shutdown's
-    deadline. With every middleware async, the only thread of a request is its view's."""
-
-    sync_capable = True
-    async_capable = True
-
-    def __init__(self, get_response):
-        self.get_response = get_response
-        if iscoroutinefunction(get_response):
-            markcoroutinefunction(self)
-
-    def __call__(self, request):
-        if iscoroutinefunction(self):
-            return self.__acall__(request)
+    def sync_call(self, request):
         rid, token = self._begin(request)
         try:
             response = self.get_response(request)

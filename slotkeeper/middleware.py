@@ -10,8 +10,13 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import JsonResponse
 
 
-class RefuseNulMiddleware:
-    """Async under Daphne like every middleware of the stack (see slotkeeper.logging.RequestIdMiddleware)."""
+class DualModeMiddleware:
+    """A middleware that runs async under Daphne and sync under the test client, as every one of ours must.
+
+    One sync-only middleware makes Django hop thread -> loop -> thread for every request (async_to_sync around the
+    rest of the stack), and a request thread caught in that hop when Daphne's loop stopped waited for the stopped
+    loop forever: a SIGTERM'd Daphne then only ended by slotkeeper.shutdown's deadline. Subclasses override
+    `sync_call` and `__acall__` (both pass the request on by default)."""
 
     sync_capable = True
     async_capable = True
@@ -24,6 +29,17 @@ class RefuseNulMiddleware:
     def __call__(self, request):
         if iscoroutinefunction(self):
             return self.__acall__(request)
+        return self.sync_call(request)
+
+    def sync_call(self, request):
+        return self.get_response(request)
+
+    async def __acall__(self, request):
+        return await self.get_response(request)
+
+
+class RefuseNulMiddleware(DualModeMiddleware):
+    def sync_call(self, request):
         return _refusal(request) or self.get_response(request)
 
     async def __acall__(self, request):

@@ -3,7 +3,7 @@ scrapers), and they reveal only counts, never names or reasons."""
 
 from __future__ import annotations
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
@@ -11,26 +11,17 @@ from django.http import HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
 from slotkeeper import metrics as counters
+from slotkeeper.middleware import DualModeMiddleware
 from slotkeeper.planlock import PlanBusy, is_busy_error
 
 
-class ProbeMiddleware:
+class ProbeMiddleware(DualModeMiddleware):
     """Answers /healthz and /readyz before the Host check: a kubelet probes by pod IP, which is (rightly) not in
     ALLOWED_HOSTS, and a 400 there would keep every web pod out of rotation.
 
-    Async under Daphne, like every middleware of the stack (see slotkeeper.logging.RequestIdMiddleware)."""
+    Async under Daphne, like every middleware of the stack (see slotkeeper.middleware.DualModeMiddleware)."""
 
-    sync_capable = True
-    async_capable = True
-
-    def __init__(self, get_response):
-        self.get_response = get_response
-        if iscoroutinefunction(get_response):
-            markcoroutinefunction(self)
-
-    def __call__(self, request):
-        if iscoroutinefunction(self):
-            return self.__acall__(request)
+    def sync_call(self, request):
         probe = _PROBES.get(request.path)
         return probe(request) if probe else self.get_response(request)
 
@@ -41,28 +32,11 @@ class ProbeMiddleware:
         return await self.get_response(request)
 
 
-class BusyMiddleware:
+class BusyMiddleware(DualModeMiddleware):
     """A console page whose action could not have the plan lock in time answers 503 with Retry-After (the API does
     the same in its exception handler) instead of a 500: the request changed nothing and may be sent again.
 
-    Async under Daphne like the rest of the stack; Django adapts the sync `process_exception`, which runs only on
-    the exception path."""
-
-    sync_capable = True
-    async_capable = True
-
-    def __init__(self, get_response):
-        self.get_response = get_response
-        if iscoroutinefunction(get_response):
-            markcoroutinefunction(self)
-
-    def __call__(self, request):
-        if iscoroutinefunction(self):
-            return self.__acall__(request)
-        return self.get_response(request)
-
-    async def __acall__(self, request):
-        return await self.get_response(request)
+    Django adapts the sync `process_exception` to the async stack; it runs only on the exception path."""
 
     def process_exception(self, request, exception):
         if isinstance(exception, PlanBusy) or is_busy_error(exception):

@@ -162,7 +162,7 @@ def test_a_periodic_round_stops_between_steps_once_shutdown_began(monkeypatch):
         ran.append("first")
         shutdown.begin("test", exit_deadline_s=None)
 
-    monkeypatch.setattr(periodic, "_steps", [("first", first), ("second", lambda now: ran.append("second"))])
+    monkeypatch.setattr(periodic, "STEPS", (("first", first), ("second", lambda now: ran.append("second"))))
     periodic.run_periodic()
     assert ran == ["first"]
 
