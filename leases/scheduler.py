@@ -301,9 +301,6 @@ class Scheduler:
         self.replaced: list[tuple[int, str]] = []  # set by advance(): leases requeued off unusable nodes
         self._excluded: Mapping[int, str] = {}
         self._now = -math.inf
-        # Per-instant, per-node caches of what the mapper asks again and again during one queue pass; a change
-        # to the table drops only the entries of the nodes it touched.
-        self._free: dict[float, dict[int, Res]] = {}
         # Per node: (from, until, leases, next change): the host-score summary holds for every instant in
         # [from, until), the span up to the node's next reservation start or end, until a change touches it.
         self._views: dict[int, tuple[float, float, int, float]] = {}
@@ -369,8 +366,6 @@ class Scheduler:
         if now > self._now:
             # Answers about instants still ahead stay valid (a change drops the touched nodes' entries);
             # nothing is ever asked about an instant before now again.
-            for t in [t for t in self._free if t < now]:
-                del self._free[t]
             # A node nothing touches keeps its memo; past starts are never asked again, so bound its size.
             for node in [n for n, memo in self._fit_memo.items() if len(memo) > 512]:
                 del self._fit_memo[node]
@@ -631,13 +626,6 @@ class Scheduler:
     def _counter(self, unit: Res, t: float) -> Callable[[Iterable[int]], dict[int, int]]:
         return lambda nodes: self.table.copies_many(nodes, unit, t)
 
-    def _free_at(self, node: int, t: float) -> Res:
-        free = self._free.setdefault(t, {})
-        got = free.get(node)
-        if got is None:
-            got = free[node] = self.table.available_at(node, t)
-        return got
-
     def _usable_nodes(self) -> Sequence[int]:
         if not self._excluded:
             return self.table.nodes  # asked at every room count: no list to build in the common case
@@ -676,7 +664,7 @@ class Scheduler:
         Horizon replay spent most of its time there)."""
         smallest = self._smallest_of(req)
         # The fleet's total free capacity bounds how many copies fit on its nodes: most instants fail here.
-        if _copies(smallest, self.table.total_free_at(at)) < len(req.vnodes):
+        if self.table.total_copies_at(smallest, at) < len(req.vnodes):
             return False
         count = self._counter(smallest, at)
         if only is None:
@@ -1201,8 +1189,6 @@ class Scheduler:
     def _touch(self, nodes: Iterable[int]) -> None:
         nodes = tuple(nodes)  # walked twice below, and callers may hand in a generator
         for node in nodes:
-            for free in self._free.values():
-                free.pop(node, None)
             self._views.pop(node, None)
             self._fit_memo.pop(node, None)
         self._room.touch(nodes)
@@ -1356,18 +1342,6 @@ class Scheduler:
 
 
 # -- helpers ---------------------------------------------------------------------------------------------
-
-
-def _copies(unit: Res, free: Res) -> int:
-    """How many `unit`s fit in `free` (a large number when the unit asks for nothing)."""
-    best = 1 << 30
-    for have, want in ((free.cpu, unit.cpu), (free.mem, unit.mem), (free.disk, unit.disk)):
-        if want > 0:
-            best = min(best, have // want)
-    for have, want in ((free.net_in, unit.net_in), (free.net_out, unit.net_out)):
-        if want > 0:
-            best = min(best, have // want)
-    return max(0, best)
 
 
 _ONE_CPU = Res(cpu=1)
