@@ -310,6 +310,7 @@ class Scheduler:
         self._room = RoomCounts()
         self._fleet = tuple(self.table.capacity(n) for n in self.table.nodes)  # fixed for a scheduler's life
         self._capacity = dict(zip(self.table.nodes, self._fleet, strict=True))
+        self._packs_memo: dict[tuple[Res, ...], bool] = {}
         # Per lease id: the smallest vnode, and the suspend/resume estimates, asked for at every queue pass.
         self._smallest: dict[int, Res] = {}
         self._estimates: dict[tuple[int, float, float | None], float] = {}
@@ -508,13 +509,21 @@ class Scheduler:
             return f"lease type {req.type} is not supported (best_effort, advance_reservation, immediate)"
         if not req.vnodes or req.duration <= 0:
             return "a lease needs at least one vnode and a positive duration"
-        if not _packs(req.vnodes, self._fleet):
+        if not self._packs(req.vnodes):
             return f"{len(req.vnodes)} vnode(s) of this size do not fit even on the whole, empty fleet"
         if req.type == ADVANCE_RESERVATION and self.config.policy_admission == "no-ARs":
             return "advance reservations are not admitted (policy-admission = no-ARs)"
         if req.type == ADVANCE_RESERVATION and (req.start is None or req.start < now):
             return "an advance reservation must start at or after now"
         return ""
+
+    def _packs(self, vnodes: tuple[Res, ...]) -> bool:
+        # Memoised here rather than only by _packs' lru_cache, whose key hashed all 144 nodes' capacities at
+        # every submission.
+        got = self._packs_memo.get(vnodes)
+        if got is None:
+            got = self._packs_memo[vnodes] = _packs(vnodes, self._fleet)
+        return got
 
     def _submit_best_effort(self, rec: LeaseRecord, now: float, defer: bool) -> Decision:
         self._set_state(rec, _S.QUEUED, now)

@@ -799,7 +799,8 @@ class RoomCounts:
             return entry
         per, pos, dirty = entry[1], entry[2], entry[3]
         if pos < end:
-            dirty.update(n for n in self._log[pos - self._base :] if n in per)
+            dirty.update(self._log[pos - self._base :])
+            dirty.intersection_update(per)
             entry[2] = end
         if dirty:
             fresh = count(dirty)
@@ -829,8 +830,8 @@ class RoomCounts:
             end = self._base + len(self._log)
             for entry in self._entries.values():
                 if entry[2] < end:
-                    per = entry[1]
-                    entry[3].update(n for n in self._log[entry[2] - self._base :] if n in per)
+                    entry[3].update(self._log[entry[2] - self._base :])
+                    entry[3].intersection_update(entry[1])
                     entry[2] = end
             self._log.clear()
             self._base = end
