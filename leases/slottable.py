@@ -133,6 +133,12 @@ class Overcommit(Exception):
         self.available = available
 
 
+@lru_cache(maxsize=1024)
+def _nonzero(use: _Vec) -> tuple[int, ...]:
+    """The dimensions a use vector writes to."""
+    return tuple(d for d in range(5) if use[d])
+
+
 @lru_cache(maxsize=256)
 def _wants(unit: Res) -> tuple[tuple[int, int], ...]:
     """(dimension, amount) for every resource the unit asks for."""
@@ -175,12 +181,13 @@ class _Line:
     largest cost of the 30-day replay (docs/BENCHMARKS.md). An empty column reads as zero everywhere.
     """
 
-    __slots__ = ("cols", "live", "refs", "rids", "times")
+    __slots__ = ("cols", "live", "live_cols", "refs", "rids", "times")
 
     def __init__(self) -> None:
         self.times: list[float] = []
         self.cols: tuple[list[int], ...] = ([], [], [], [], [])
         self.live: list[int] = []  # the columns kept in step with times, in ascending order
+        self.live_cols: list[list[int]] = []  # those columns themselves
         self.refs: list[int] = []
         self.rids: set[int] = set()
 
@@ -189,6 +196,7 @@ class _Line:
         other.times = self.times.copy()
         other.cols = tuple(col.copy() for col in self.cols)
         other.live = self.live.copy()
+        other.live_cols = [other.cols[d] for d in other.live]
         other.refs = self.refs.copy()
         other.rids = self.rids.copy()
         return other
@@ -265,17 +273,20 @@ class _Line:
                 self.cols[d][:] = [0] * len(self.times)
                 self.live.append(d)
                 self.live.sort()
+                self.live_cols = [self.cols[x] for x in self.live]
 
-    def add(self, rid: int, start: float, end: float, use: _Vec) -> None:
+    def add(self, rid: int, start: float, end: float, use: _Vec, dims: tuple[int, ...] | None = None) -> None:
         """Count the reservation's two endpoints (a new breakpoint continues the level before it) and raise the
-        level by `use` on [start, end): one pass, with the bisections shared."""
+        level by `use` on [start, end): one pass, with the bisections shared. `dims`: use's non-zero dimensions."""
+        if dims is None:
+            dims = _nonzero(use)
         cols = self.cols
-        for d in range(5):
-            if use[d] and not cols[d]:
+        for d in dims:
+            if not cols[d]:
                 self._materialise(use)
                 break
         times, refs = self.times, self.refs
-        live = [cols[d] for d in self.live]
+        live = self.live_cols
         k = bisect_left(times, start)
         if k == len(times) or times[k] != start:
             times.insert(k, start)
@@ -291,34 +302,32 @@ class _Line:
             refs.insert(j, 0)
         refs[j] += 1
         if j > k:
-            for d in range(5):
-                amount = use[d]
-                if amount:
-                    col = cols[d]
-                    col[k:j] = map(amount.__add__, col[k:j])
+            for d in dims:
+                col = cols[d]
+                col[k:j] = map(use[d].__add__, col[k:j])
         self.rids.add(rid)
 
-    def remove(self, rid: int, start: float, end: float, use: _Vec) -> None:
+    def remove(self, rid: int, start: float, end: float, use: _Vec, dims: tuple[int, ...] | None = None) -> None:
+        if dims is None:
+            dims = _nonzero(use)
         times, refs, cols = self.times, self.refs, self.cols
         k = bisect_left(times, start)
         j = bisect_left(times, end, k)
         if j > k:
-            for d in range(5):
-                amount = use[d]
-                if amount:
-                    col = cols[d]
-                    col[k:j] = map((-amount).__add__, col[k:j])
+            for d in dims:
+                col = cols[d]
+                col[k:j] = map((-use[d]).__add__, col[k:j])
         # A breakpoint no reservation starts or ends at any more goes: the level continues the previous one's.
         refs[j] -= 1
         if refs[j] == 0:
             del times[j], refs[j]
-            for d in self.live:
-                del cols[d][j]
+            for col in self.live_cols:
+                del col[j]
         refs[k] -= 1
         if refs[k] == 0:
             del times[k], refs[k]
-            for d in self.live:
-                del cols[d][k]
+            for col in self.live_cols:
+                del col[k]
         self.rids.discard(rid)
 
 
@@ -530,6 +539,18 @@ class SlotTable:
         wants = _wants(unit)
         caps, lines = self._caps, self._lines
         out: dict[int, int] = {}
+        if len(wants) == 2:  # cpu and memory, the common shape: the same sum, unrolled
+            (d0, w0), (d1, w1) = wants
+            for node in nodes:
+                line = lines[node]
+                k = bisect_right(line.times, t) - 1
+                cap = caps[node]
+                col0, col1 = line.cols[d0], line.cols[d1]
+                a = (cap[d0] - (col0[k] if k >= 0 and col0 else 0)) // w0
+                b = (cap[d1] - (col1[k] if k >= 0 and col1 else 0)) // w1
+                best = min(a, b, 1 << 30)
+                out[node] = best if best > 0 else 0
+            return out
         for node in nodes:
             line = lines[node]
             k = bisect_right(line.times, t) - 1
@@ -685,18 +706,20 @@ class SlotTable:
                 instant = max(r.start, self.fits_until(node, _res(v), r.start))
                 raise Overcommit(node, instant, _res(v), self.available_at(node, instant))
         total = _ZERO_VEC
+        rid, start, end = r.rid, r.start, r.end
         for node, v in uses:
-            self._writable_line(node).add(r.rid, r.start, r.end, v)
+            self._writable_line(node).add(rid, start, end, v, _nonzero(v))
             total = _plus(total, v)
-        self._writable_total().add(r.rid, r.start, r.end, total)
+        self._writable_total().add(rid, start, end, total)
         self._writable_index().add(r)
 
     def remove(self, rid: int) -> Reservation:
         r = self._index.by_rid[rid]
         total = _ZERO_VEC
+        start, end = r.start, r.end
         for node, use in r.alloc.items():
             v = _vec(use)
-            self._writable_line(node).remove(rid, r.start, r.end, v)
+            self._writable_line(node).remove(rid, start, end, v, _nonzero(v))
             total = _plus(total, v)
         self._writable_total().remove(rid, r.start, r.end, total)
         self._writable_index().remove(r)
