@@ -307,7 +307,9 @@ class _Line:
                 col[k:j] = map(use[d].__add__, col[k:j])
         self.rids.add(rid)
 
-    def remove(self, rid: int, start: float, end: float, use: _Vec, dims: tuple[int, ...] | None = None) -> None:
+    def remove(
+        self, rid: int, start: float, end: float, use: _Vec, dims: tuple[int, ...] | None = None
+    ) -> None:
         if dims is None:
             dims = _nonzero(use)
         times, refs, cols = self.times, self.refs, self.cols
