@@ -247,6 +247,7 @@ def _utc_label(t: float) -> str:
     return moment.strftime("%H:%M" if moment.second == 0 else "%H:%M:%S")
 
 
+@lru_cache(maxsize=1024)
 def _cpu_mem(r: Res) -> Res:
     return Res(cpu=r.cpu, mem=r.mem)
 
@@ -629,7 +630,7 @@ class Scheduler:
     def _cpu_full(self, now: float) -> bool:
         # The free CPU summed over the usable nodes is 0 exactly when every node's CPU is taken.
         if not self._excluded:
-            return self.table.total_free_at(now).cpu <= 0
+            return self.table.total_copies_at(_ONE_CPU, now) == 0  # free CPU <= 0, with no Res built
         return self._room.total(now, _ONE_CPU, self._usable_nodes(), self._counter(_ONE_CPU, now)) == 0
 
     def _counter(self, unit: Res, t: float) -> Callable[[Iterable[int]], dict[int, int]]:
@@ -945,10 +946,11 @@ class Scheduler:
         latest = end
         i = 0
         for node in self._host_order(table, req, start, end - start, only):
-            need = Res()
+            need = _EMPTY
             cap = self._capacity[node]
             while i < len(order):
-                trial = need + req.vnodes[order[i] - 1]
+                vnode = req.vnodes[order[i] - 1]
+                trial = need + vnode if need is not _EMPTY else vnode
                 # More than the node holds when empty never fits: fits_until would answer `start` (a full
                 # node's second VM, every time a wide lease is mapped).
                 until = self._fits_until(table, node, trial, start) if trial.fits_in(cap) else start
@@ -976,7 +978,8 @@ class Scheduler:
         for v, n in fixed.items():
             if n in self._excluded:
                 return None
-            per_node[n] = per_node.get(n, Res()) + req.vnodes[v - 1]
+            use = req.vnodes[v - 1]
+            per_node[n] = per_node[n] + use if n in per_node else use  # no Res built for a one-VM node
         latest = min(min(self._fits_until(table, n, need, start) for n, need in per_node.items()), end)
         if latest <= start or (strict and latest < end):
             return None
@@ -1354,6 +1357,7 @@ class Scheduler:
 
 
 _ONE_CPU = Res(cpu=1)
+_EMPTY = Res()  # a node's share before any vnode is mapped to it (compared by identity)
 
 
 @lru_cache(maxsize=4096)

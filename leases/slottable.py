@@ -21,7 +21,7 @@ from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
-from itertools import islice
+from itertools import islice, repeat
 from typing import Any, ClassVar, TypeVar
 
 _Vec = tuple[int, int, int, int, int]
@@ -550,8 +550,11 @@ class SlotTable:
                 col0, col1 = line.cols[d0], line.cols[d1]
                 a = (cap[d0] - (col0[k] if k >= 0 and col0 else 0)) // w0
                 b = (cap[d1] - (col1[k] if k >= 0 and col1 else 0)) // w1
-                best = min(a, b, 1 << 30)
-                out[node] = best if best > 0 else 0
+                if b < a:
+                    a = b
+                if a > 1 << 30:
+                    a = 1 << 30
+                out[node] = a if a > 0 else 0
             return out
         for node in nodes:
             line = lines[node]
@@ -846,7 +849,7 @@ class RoomCounts:
     def subtotal(self, t: float, unit: Res, nodes: Iterable[int], only: Iterable[int], count: _Count) -> int:
         """The sum of the counts over the nodes of `only` that are among `nodes`."""
         per = self._current(t, unit, nodes, count)[1]
-        return sum(per.get(n, 0) for n in only)
+        return sum(map(per.get, only, repeat(0)))
 
     def touch(self, nodes: Iterable[int]) -> None:
         self._log.extend(nodes)
