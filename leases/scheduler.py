@@ -303,7 +303,7 @@ class Scheduler:
         self._excluded: Mapping[int, str] = {}
         self._now = -math.inf
         # Per node: (from, until, leases, next change): the host-score summary holds for every instant in
-        # [from, until), the span up to the node's next reservation start or end, until a change touches it.
+        # [from, until), the span up to the node's next change of usage or lease set, until a change touches it.
         self._views: dict[int, tuple[float, float, int, float]] = {}
         # Per node: (need, start) -> fits_until. A node's answers hold until a change touches that node, so a
         # queue pass keeps them across the other leases' commits (clearing all of it on every change did not).
@@ -314,6 +314,7 @@ class Scheduler:
         self._packs_memo: dict[tuple[Res, ...], bool] = {}
         # Per lease id: the smallest vnode, and the suspend/resume estimates, asked for at every queue pass.
         self._smallest: dict[int, Res] = {}
+        self._orders: dict[int, list[int]] = {}
         self._estimates: dict[tuple[int, float, float | None], float] = {}
 
     # -- public API ----------------------------------------------------------------------------------------
@@ -683,6 +684,13 @@ class Scheduler:
             room = self._room.subtotal(at, smallest, self._usable_nodes(), only, count)
         return room >= len(req.vnodes)
 
+    def _order_of(self, req: LeaseRequest) -> list[int]:
+        """_size_order of the lease's vnodes, memoised: every mapping attempt asked for it afresh."""
+        got = self._orders.get(req.id)
+        if got is None:
+            got = self._orders[req.id] = _size_order(req.vnodes)
+        return got
+
     def _smallest_of(self, req: LeaseRequest) -> Res:
         got = self._smallest.get(req.id)
         if got is None:
@@ -941,7 +949,7 @@ class Scheduler:
         """Pack vnodes (largest first) onto nodes in host-policy order; without `strict` the window may shrink.
 
         Returns (vnode -> node, end of the window found), or None."""
-        order = _size_order(req.vnodes)
+        order = self._order_of(req)
         mapping: dict[int, int] = {}
         latest = end
         i = 0
@@ -1025,8 +1033,10 @@ class Scheduler:
     def _summary(self, node: int, t: float) -> tuple[int, float]:
         got = self._views.get(node)
         if got is None or not got[0] <= t < got[1]:
-            leases, change, until = _summary_span(self.table, node, t)
-            got = self._views[node] = (t, until, leases, change)
+            leases, change, _ = _summary_span(self.table, node, t)
+            # The answer holds for every t' in [t, change): the node's usage and lease set stay what they are
+            # at t until `change`, so the count is the same and the first change after t' is still `change`.
+            got = self._views[node] = (t, change, leases, change)
         return got[2], got[3]
 
     # -- suspend / resume / migrate / shutdown timing (§3.8, §3.12) ----------------------------------------
