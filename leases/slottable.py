@@ -226,20 +226,6 @@ class _Line:
         cols = self.cols
         return all(max(cols[d][k:j], default=0) <= lim[d] for d in dims)
 
-    def holds(self, start: float, end: float, cap: _Vec, use: _Vec) -> bool:
-        """Whether `use` fits under `cap` on every segment meeting [start, end) (end > start)."""
-        times = self.times
-        k = bisect_right(times, start) - 1
-        if k < 0:
-            k = 0
-        j = bisect_left(times, end)
-        cols = self.cols
-        for d in range(5):
-            u = use[d]
-            if u > 0 and max(cols[d][k:j], default=0) > cap[d] - u:
-                return False
-        return True
-
     def room(self, k: int, j: int | None, lim: _Vec, dims: tuple[int, ...]) -> bytes:
         """One byte per segment k..j-1 (k.. when j is None): 1 where its level leaves room within lim."""
         flags: Iterator[bool] | None = None
@@ -275,19 +261,36 @@ class _Line:
                 self.live.sort()
                 self.live_cols = [self.cols[x] for x in self.live]
 
-    def add(self, rid: int, start: float, end: float, use: _Vec, dims: tuple[int, ...] | None = None) -> None:
+    def add(
+        self,
+        rid: int,
+        start: float,
+        end: float,
+        use: _Vec,
+        dims: tuple[int, ...] | None = None,
+        cap: _Vec | None = None,
+    ) -> bool:
         """Count the reservation's two endpoints (a new breakpoint continues the level before it) and raise the
-        level by `use` on [start, end): one pass, with the bisections shared. `dims`: use's non-zero dimensions."""
+        level by `use` on [start, end): one pass, with the bisections shared. `dims`: use's non-zero dimensions.
+
+        With `cap`, first check that `use` fits under it on every segment meeting [start, end) (as `holds`),
+        and write nothing and answer False when it does not."""
         if dims is None:
             dims = _nonzero(use)
         cols = self.cols
+        times, refs = self.times, self.refs
+        k = bisect_left(times, start)
+        if cap is not None and end != start:
+            lo = k if k < len(times) and times[k] == start else (k - 1 if k > 0 else 0)
+            hi = bisect_left(times, end, k)
+            for d in dims:
+                if max(cols[d][lo:hi], default=0) > cap[d] - use[d]:
+                    return False
         for d in dims:
             if not cols[d]:
                 self._materialise(use)
                 break
-        times, refs = self.times, self.refs
         live = self.live_cols
-        k = bisect_left(times, start)
         if k == len(times) or times[k] != start:
             times.insert(k, start)
             for col in live:
@@ -306,6 +309,7 @@ class _Line:
                 col = cols[d]
                 col[k:j] = map(use[d].__add__, col[k:j])
         self.rids.add(rid)
+        return True
 
     def remove(
         self, rid: int, start: float, end: float, use: _Vec, dims: tuple[int, ...] | None = None
@@ -702,18 +706,21 @@ class SlotTable:
             raise ValueError(f"reservation {r.rid} is already in the table")
         # Vectors once, and the room check straight on the columns: a replay adds ~200,000 node rows, and going
         # through fits() (a Res per node, a cached-limit lookup) was a fifth of the 30-day replay's time.
-        uses = [(node, _vec(use)) for node, use in r.alloc.items()]
-        for node, v in uses:
-            cap = self._cap(node)
-            if min(v) < 0:
-                raise ValueError(f"negative use {_res(v)} on node {node}")
-            if r.start != r.end and not self._lines[node].holds(r.start, r.end, cap, v):
-                instant = max(r.start, self.fits_until(node, _res(v), r.start))
-                raise Overcommit(node, instant, _res(v), self.available_at(node, instant))
+        # Each node is checked and written in one step; a node without room undoes the ones written before it.
         total = _ZERO_VEC
         rid, start, end = r.rid, r.start, r.end
-        for node, v in uses:
-            self._writable_line(node).add(rid, start, end, v, _nonzero(v))
+        done: list[tuple[int, _Vec]] = []
+        for node, use in r.alloc.items():
+            v = _vec(use)
+            cap = self._cap(node)
+            if min(v) < 0 or not self._writable_line(node).add(rid, start, end, v, _nonzero(v), cap):
+                for n, w in done:
+                    self._lines[n].remove(rid, start, end, w, _nonzero(w))
+                if min(v) < 0:
+                    raise ValueError(f"negative use {_res(v)} on node {node}")
+                instant = max(start, self.fits_until(node, _res(v), start))
+                raise Overcommit(node, instant, _res(v), self.available_at(node, instant))
+            done.append((node, v))
             total = _plus(total, v)
         self._writable_total().add(rid, start, end, total)
         self._writable_index().add(r)

@@ -677,3 +677,16 @@ def test_a_resource_first_used_late_reads_as_zero_before_and_counts_after():
     table.remove(2)
     assert table.used_at(1, 30) == Res(50, 512)
     assert table.blockers(1, Res(60), 0, 10) == [table.get(1)]
+
+
+def test_an_overcommit_on_a_later_node_leaves_the_earlier_nodes_as_they_were():
+    table = SlotTable({1: Res(100, 1024), 2: Res(100, 1024)})
+    table.add(Reservation(1, 1, "vm", 10, 20, {2: Res(100, 1024)}))
+    before = [(n, table.changepoints(-math.inf, nodes=[n])) for n in (1, 2)]
+    with pytest.raises(Overcommit) as err:
+        table.add(Reservation(2, 2, "vm", 0, 30, {1: Res(50, 512), 2: Res(50, 512)}))
+    assert (err.value.node, err.value.instant) == (2, 10)
+    assert [(n, table.changepoints(-math.inf, nodes=[n])) for n in (1, 2)] == before
+    assert table.used_at(1, 5) == Res.ZERO
+    assert table.reservations(node=1) == []
+    assert table.total_free_at(5) == Res(200, 2048)
