@@ -680,8 +680,13 @@ class Scheduler:
         count = self._counter(smallest, at)
         if only is None:
             room = self._room.total(at, smallest, self._usable_nodes(), count)
-        else:
+        elif self._room.knows(at, smallest):
             room = self._room.subtotal(at, smallest, self._usable_nodes(), only, count)
+        else:
+            # A lease pinned to a few nodes (resuming without migration): counting just those is cheaper than
+            # counting the whole fleet for an instant nobody else has asked about.
+            usable = [n for n in only if n in self._capacity and n not in self._excluded]
+            room = sum(self.table.copies_many(usable, smallest, at).values())
         return room >= len(req.vnodes)
 
     def _order_of(self, req: LeaseRequest) -> list[int]:

@@ -858,6 +858,10 @@ class RoomCounts:
         per = self._current(t, unit, nodes, count)[1]
         return sum(map(per.get, only, repeat(0)))
 
+    def knows(self, t: float, unit: Res) -> bool:
+        """Whether the counts for (t, unit) are kept (asked before, and not forgotten since)."""
+        return (t, unit) in self._entries
+
     def touch(self, nodes: Iterable[int]) -> None:
         self._log.extend(nodes)
         if len(self._log) > self._LOG_LIMIT:
