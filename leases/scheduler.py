@@ -316,6 +316,7 @@ class Scheduler:
         self._smallest: dict[int, Res] = {}
         self._orders: dict[int, list[int]] = {}
         self._estimates: dict[tuple[int, float, float | None], float] = {}
+        self._thresholds: dict[tuple[int, bool], float] = {}
 
     # -- public API ----------------------------------------------------------------------------------------
 
@@ -631,7 +632,7 @@ class Scheduler:
     def _cpu_full(self, now: float) -> bool:
         # The free CPU summed over the usable nodes is 0 exactly when every node's CPU is taken.
         if not self._excluded:
-            return self.table.total_copies_at(_ONE_CPU, now) == 0  # free CPU <= 0, with no Res built
+            return self.table.total_free_cpu_at(now) <= 0
         return self._room.total(now, _ONE_CPU, self._usable_nodes(), self._counter(_ONE_CPU, now)) == 0
 
     def _counter(self, unit: Res, t: float) -> Callable[[Iterable[int]], dict[int, int]]:
@@ -1069,10 +1070,14 @@ class Scheduler:
             return 0.0
         if self.config.force_scheduling_threshold is not None:
             return self.config.force_scheduling_threshold
-        safe = self._estimate(req, self.config.suspend_rate, self.config.override_suspend_time)
-        if resuming:
-            safe += self._estimate(req, self.config.resume_rate, self.config.override_resume_time)
-        return safe * (1 + self.config.scheduling_threshold_factor)
+        key = (req.id, resuming)  # asked for every queued lease at every pass, like the estimates below it
+        got = self._thresholds.get(key)
+        if got is None:
+            safe = self._estimate(req, self.config.suspend_rate, self.config.override_suspend_time)
+            if resuming:
+                safe += self._estimate(req, self.config.resume_rate, self.config.override_resume_time)
+            got = self._thresholds[key] = safe * (1 + self.config.scheduling_threshold_factor)
+        return got
 
     def _op_specs(
         self, kind: str, mapping: Mapping[int, int], req: LeaseRequest, anchor: float, *, forward: bool

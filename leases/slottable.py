@@ -574,6 +574,13 @@ class SlotTable:
             out[node] = best if best > 0 else 0
         return out
 
+    def total_free_cpu_at(self, t: float) -> int:
+        """total_free_at(t).cpu, building no Res (asked before every queued lease is looked at)."""
+        times = self._total.times
+        k = bisect_right(times, t) - 1
+        cpu = self._total.cols[0]
+        return self._total_cap[0] - (cpu[k] if k >= 0 and cpu else 0)
+
     def total_copies_at(self, unit: Res, t: float) -> int:
         """How many copies of `unit` the fleet's total free capacity at t holds (an upper bound on how many fit
         on its nodes); the same as counting them in total_free_at(t), without building a Res."""

@@ -690,3 +690,12 @@ def test_an_overcommit_on_a_later_node_leaves_the_earlier_nodes_as_they_were():
     assert table.used_at(1, 5) == Res.ZERO
     assert table.reservations(node=1) == []
     assert table.total_free_at(5) == Res(200, 2048)
+
+
+def test_the_fleets_free_cpu_at_an_instant_matches_the_total_free():
+    table = SlotTable({1: Res(100, 1024), 2: Res(200, 2048)})
+    assert table.total_free_cpu_at(0) == 300
+    table.add(Reservation(1, 1, "vm", 10, 20, {1: Res(100, 512), 2: Res(50, 0)}))
+    for t in (0, 10, 15, 20, 25):
+        assert table.total_free_cpu_at(t) == table.total_free_at(t).cpu
+    assert table.total_free_cpu_at(10) == 150
