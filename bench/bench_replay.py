@@ -5,12 +5,17 @@ injected_leases/30days/work_10-dur_3h-size_2medium.lwf (94 ARs); and the 60 days
 843 s for the first and 1,340 s for the second; Slotkeeper's targets are 10 s, 10 s and 20 s of CPU (issue 14).
 `--trace`/`--inject` run one other combination instead, as a quick look.
 
-    .venv/bin/python bench/bench_replay.py [--trace PATH [--inject PATH]] [--config PATH] [--only 30|30i|60]
+    .venv/bin/python bench/bench_replay.py [--trace PATH [--inject PATH]] [--config PATH] [--only 30|30i|60] [--json]
+
+`--json` also prints each run's full metrics as one JSON line, so that two commits' outcomes can be compared
+exactly (a speed-up must leave them identical).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import resource
 import sys
 import time
@@ -47,7 +52,12 @@ RUNS: dict[str, tuple[Path, Path | None, str, float]] = {
 
 
 def run(
-    trace_path: Path, injection: Path | None, config_path: Path, haizea: str = "", target: float = 0
+    trace_path: Path,
+    injection: Path | None,
+    config_path: Path,
+    haizea: str = "",
+    target: float = 0,
+    as_json: bool = False,
 ) -> None:
     trace = load_workload(trace_path, injection)
     capacities, config = setup(trace, read_config(config_path))
@@ -69,6 +79,9 @@ def run(
     )
     if haizea:
         print(f"  {haizea}")
+    if as_json:
+        row = {"run": name, "steps": result.steps, "cpu_s": round(cpu, 2), "metrics": dataclasses.asdict(m)}
+        print(json.dumps(row))
 
 
 def main() -> None:
@@ -78,15 +91,16 @@ def main() -> None:
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     # A bare --only (as bench/run_all.py passes with --trace) means "just the --trace run".
     parser.add_argument("--only", nargs="?", const="", help=f"one of the standard runs: {', '.join(RUNS)}")
+    parser.add_argument("--json", action="store_true", help="also print each run's full metrics as JSON")
     args = parser.parse_args()
     if args.only and args.only not in RUNS:
         parser.error(f"--only {args.only}: not one of {', '.join(RUNS)}")
     if args.trace:
-        run(args.trace, args.inject, args.config)
+        run(args.trace, args.inject, args.config, as_json=args.json)
         return
     for name, (trace, injection, haizea, target) in RUNS.items():
         if not args.only or args.only == name:
-            run(trace, injection, args.config, haizea, target)
+            run(trace, injection, args.config, haizea, target, args.json)
 
 
 if __name__ == "__main__":

@@ -247,6 +247,7 @@ def _utc_label(t: float) -> str:
     return moment.strftime("%H:%M" if moment.second == 0 else "%H:%M:%S")
 
 
+@lru_cache(maxsize=1024)
 def _cpu_mem(r: Res) -> Res:
     return Res(cpu=r.cpu, mem=r.mem)
 
@@ -301,11 +302,8 @@ class Scheduler:
         self.replaced: list[tuple[int, str]] = []  # set by advance(): leases requeued off unusable nodes
         self._excluded: Mapping[int, str] = {}
         self._now = -math.inf
-        # Per-instant, per-node caches of what the mapper asks again and again during one queue pass; a change
-        # to the table drops only the entries of the nodes it touched.
-        self._free: dict[float, dict[int, Res]] = {}
         # Per node: (from, until, leases, next change): the host-score summary holds for every instant in
-        # [from, until), the span up to the node's next reservation start or end, until a change touches it.
+        # [from, until), the span up to the node's next change of usage or lease set, until a change touches it.
         self._views: dict[int, tuple[float, float, int, float]] = {}
         # Per node: (need, start) -> fits_until. A node's answers hold until a change touches that node, so a
         # queue pass keeps them across the other leases' commits (clearing all of it on every change did not).
@@ -313,9 +311,12 @@ class Scheduler:
         self._room = RoomCounts()
         self._fleet = tuple(self.table.capacity(n) for n in self.table.nodes)  # fixed for a scheduler's life
         self._capacity = dict(zip(self.table.nodes, self._fleet, strict=True))
+        self._packs_memo: dict[tuple[Res, ...], bool] = {}
         # Per lease id: the smallest vnode, and the suspend/resume estimates, asked for at every queue pass.
         self._smallest: dict[int, Res] = {}
+        self._orders: dict[int, list[int]] = {}
         self._estimates: dict[tuple[int, float, float | None], float] = {}
+        self._thresholds: dict[tuple[int, bool], float] = {}
 
     # -- public API ----------------------------------------------------------------------------------------
 
@@ -369,8 +370,6 @@ class Scheduler:
         if now > self._now:
             # Answers about instants still ahead stay valid (a change drops the touched nodes' entries);
             # nothing is ever asked about an instant before now again.
-            for t in [t for t in self._free if t < now]:
-                del self._free[t]
             # A node nothing touches keeps its memo; past starts are never asked again, so bound its size.
             for node in [n for n, memo in self._fit_memo.items() if len(memo) > 512]:
                 del self._fit_memo[node]
@@ -513,13 +512,21 @@ class Scheduler:
             return f"lease type {req.type} is not supported (best_effort, advance_reservation, immediate)"
         if not req.vnodes or req.duration <= 0:
             return "a lease needs at least one vnode and a positive duration"
-        if not _packs(req.vnodes, self._fleet):
+        if not self._packs(req.vnodes):
             return f"{len(req.vnodes)} vnode(s) of this size do not fit even on the whole, empty fleet"
         if req.type == ADVANCE_RESERVATION and self.config.policy_admission == "no-ARs":
             return "advance reservations are not admitted (policy-admission = no-ARs)"
         if req.type == ADVANCE_RESERVATION and (req.start is None or req.start < now):
             return "an advance reservation must start at or after now"
         return ""
+
+    def _packs(self, vnodes: tuple[Res, ...]) -> bool:
+        # Memoised here rather than only by _packs' lru_cache, whose key hashed all 144 nodes' capacities at
+        # every submission.
+        got = self._packs_memo.get(vnodes)
+        if got is None:
+            got = self._packs_memo[vnodes] = _packs(vnodes, self._fleet)
+        return got
 
     def _submit_best_effort(self, rec: LeaseRecord, now: float, defer: bool) -> Decision:
         self._set_state(rec, _S.QUEUED, now)
@@ -625,18 +632,11 @@ class Scheduler:
     def _cpu_full(self, now: float) -> bool:
         # The free CPU summed over the usable nodes is 0 exactly when every node's CPU is taken.
         if not self._excluded:
-            return self.table.total_free_at(now).cpu <= 0
+            return self.table.total_free_cpu_at(now) <= 0
         return self._room.total(now, _ONE_CPU, self._usable_nodes(), self._counter(_ONE_CPU, now)) == 0
 
     def _counter(self, unit: Res, t: float) -> Callable[[Iterable[int]], dict[int, int]]:
         return lambda nodes: self.table.copies_many(nodes, unit, t)
-
-    def _free_at(self, node: int, t: float) -> Res:
-        free = self._free.setdefault(t, {})
-        got = free.get(node)
-        if got is None:
-            got = free[node] = self.table.available_at(node, t)
-        return got
 
     def _usable_nodes(self) -> Sequence[int]:
         if not self._excluded:
@@ -676,14 +676,26 @@ class Scheduler:
         Horizon replay spent most of its time there)."""
         smallest = self._smallest_of(req)
         # The fleet's total free capacity bounds how many copies fit on its nodes: most instants fail here.
-        if _copies(smallest, self.table.total_free_at(at)) < len(req.vnodes):
+        if self.table.total_copies_at(smallest, at) < len(req.vnodes):
             return False
         count = self._counter(smallest, at)
         if only is None:
             room = self._room.total(at, smallest, self._usable_nodes(), count)
-        else:
+        elif self._room.knows(at, smallest):
             room = self._room.subtotal(at, smallest, self._usable_nodes(), only, count)
+        else:
+            # A lease pinned to a few nodes (resuming without migration): counting just those is cheaper than
+            # counting the whole fleet for an instant nobody else has asked about.
+            usable = [n for n in only if n in self._capacity and n not in self._excluded]
+            room = sum(self.table.copies_many(usable, smallest, at).values())
         return room >= len(req.vnodes)
+
+    def _order_of(self, req: LeaseRequest) -> list[int]:
+        """_size_order of the lease's vnodes, memoised: every mapping attempt asked for it afresh."""
+        got = self._orders.get(req.id)
+        if got is None:
+            got = self._orders[req.id] = _size_order(req.vnodes)
+        return got
 
     def _smallest_of(self, req: LeaseRequest) -> Res:
         got = self._smallest.get(req.id)
@@ -943,15 +955,16 @@ class Scheduler:
         """Pack vnodes (largest first) onto nodes in host-policy order; without `strict` the window may shrink.
 
         Returns (vnode -> node, end of the window found), or None."""
-        order = _size_order(req.vnodes)
+        order = self._order_of(req)
         mapping: dict[int, int] = {}
         latest = end
         i = 0
         for node in self._host_order(table, req, start, end - start, only):
-            need = Res()
+            need = _EMPTY
             cap = self._capacity[node]
             while i < len(order):
-                trial = need + req.vnodes[order[i] - 1]
+                vnode = req.vnodes[order[i] - 1]
+                trial = need + vnode if need is not _EMPTY else vnode
                 # More than the node holds when empty never fits: fits_until would answer `start` (a full
                 # node's second VM, every time a wide lease is mapped).
                 until = self._fits_until(table, node, trial, start) if trial.fits_in(cap) else start
@@ -979,7 +992,8 @@ class Scheduler:
         for v, n in fixed.items():
             if n in self._excluded:
                 return None
-            per_node[n] = per_node.get(n, Res()) + req.vnodes[v - 1]
+            use = req.vnodes[v - 1]
+            per_node[n] = per_node[n] + use if n in per_node else use  # no Res built for a one-VM node
         latest = min(min(self._fits_until(table, n, need, start) for n, need in per_node.items()), end)
         if latest <= start or (strict and latest < end):
             return None
@@ -1025,8 +1039,10 @@ class Scheduler:
     def _summary(self, node: int, t: float) -> tuple[int, float]:
         got = self._views.get(node)
         if got is None or not got[0] <= t < got[1]:
-            leases, change, until = _summary_span(self.table, node, t)
-            got = self._views[node] = (t, until, leases, change)
+            leases, change, _ = _summary_span(self.table, node, t)
+            # The answer holds for every t' in [t, change): the node's usage and lease set stay what they are
+            # at t until `change`, so the count is the same and the first change after t' is still `change`.
+            got = self._views[node] = (t, change, leases, change)
         return got[2], got[3]
 
     # -- suspend / resume / migrate / shutdown timing (§3.8, §3.12) ----------------------------------------
@@ -1054,10 +1070,14 @@ class Scheduler:
             return 0.0
         if self.config.force_scheduling_threshold is not None:
             return self.config.force_scheduling_threshold
-        safe = self._estimate(req, self.config.suspend_rate, self.config.override_suspend_time)
-        if resuming:
-            safe += self._estimate(req, self.config.resume_rate, self.config.override_resume_time)
-        return safe * (1 + self.config.scheduling_threshold_factor)
+        key = (req.id, resuming)  # asked for every queued lease at every pass, like the estimates below it
+        got = self._thresholds.get(key)
+        if got is None:
+            safe = self._estimate(req, self.config.suspend_rate, self.config.override_suspend_time)
+            if resuming:
+                safe += self._estimate(req, self.config.resume_rate, self.config.override_resume_time)
+            got = self._thresholds[key] = safe * (1 + self.config.scheduling_threshold_factor)
+        return got
 
     def _op_specs(
         self, kind: str, mapping: Mapping[int, int], req: LeaseRequest, anchor: float, *, forward: bool
@@ -1201,8 +1221,6 @@ class Scheduler:
     def _touch(self, nodes: Iterable[int]) -> None:
         nodes = tuple(nodes)  # walked twice below, and callers may hand in a generator
         for node in nodes:
-            for free in self._free.values():
-                free.pop(node, None)
             self._views.pop(node, None)
             self._fit_memo.pop(node, None)
         self._room.touch(nodes)
@@ -1358,19 +1376,8 @@ class Scheduler:
 # -- helpers ---------------------------------------------------------------------------------------------
 
 
-def _copies(unit: Res, free: Res) -> int:
-    """How many `unit`s fit in `free` (a large number when the unit asks for nothing)."""
-    best = 1 << 30
-    for have, want in ((free.cpu, unit.cpu), (free.mem, unit.mem), (free.disk, unit.disk)):
-        if want > 0:
-            best = min(best, have // want)
-    for have, want in ((free.net_in, unit.net_in), (free.net_out, unit.net_out)):
-        if want > 0:
-            best = min(best, have // want)
-    return max(0, best)
-
-
 _ONE_CPU = Res(cpu=1)
+_EMPTY = Res()  # a node's share before any vnode is mapped to it (compared by identity)
 
 
 @lru_cache(maxsize=4096)

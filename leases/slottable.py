@@ -21,8 +21,8 @@ from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
-from itertools import islice
-from typing import ClassVar, TypeVar
+from itertools import islice, repeat
+from typing import Any, ClassVar, TypeVar
 
 _Vec = tuple[int, int, int, int, int]
 _ZERO_VEC: _Vec = (0, 0, 0, 0, 0)
@@ -133,6 +133,12 @@ class Overcommit(Exception):
         self.available = available
 
 
+@lru_cache(maxsize=1024)
+def _nonzero(use: _Vec) -> tuple[int, ...]:
+    """The dimensions a use vector writes to."""
+    return tuple(d for d in range(5) if use[d])
+
+
 @lru_cache(maxsize=256)
 def _wants(unit: Res) -> tuple[tuple[int, int], ...]:
     """(dimension, amount) for every resource the unit asks for."""
@@ -169,13 +175,19 @@ class _Line:
     `map` and `bytes.find`, in C: a Python loop over segments made a whole-node earliest_fit over 300 segments
     cost ~360 us at p99 (bench/bench_slottable.py). `refs[k]` counts the reservation starts and ends at
     times[k], so a breakpoint goes with its last reservation and removed history never slows a walk.
+
+    A column no reservation has used yet is kept empty rather than as zeros (`live` lists the kept ones):
+    on most fleets disk and network stay at zero, and keeping five columns in step on every write was the
+    largest cost of the 30-day replay (docs/BENCHMARKS.md). An empty column reads as zero everywhere.
     """
 
-    __slots__ = ("cols", "refs", "rids", "times")
+    __slots__ = ("cols", "live", "live_cols", "refs", "rids", "times")
 
     def __init__(self) -> None:
         self.times: list[float] = []
         self.cols: tuple[list[int], ...] = ([], [], [], [], [])
+        self.live: list[int] = []  # the columns kept in step with times, in ascending order
+        self.live_cols: list[list[int]] = []  # those columns themselves
         self.refs: list[int] = []
         self.rids: set[int] = set()
 
@@ -183,6 +195,8 @@ class _Line:
         other = _Line()
         other.times = self.times.copy()
         other.cols = tuple(col.copy() for col in self.cols)
+        other.live = self.live.copy()
+        other.live_cols = [other.cols[d] for d in other.live]
         other.refs = self.refs.copy()
         other.rids = self.rids.copy()
         return other
@@ -190,8 +204,14 @@ class _Line:
     def level(self, k: int) -> _Vec:
         if k < 0:
             return _ZERO_VEC
-        c = self.cols
-        return (c[0][k], c[1][k], c[2][k], c[3][k], c[4][k])
+        c0, c1, c2, c3, c4 = self.cols
+        return (
+            c0[k] if c0 else 0,
+            c1[k] if c1 else 0,
+            c2[k] if c2 else 0,
+            c3[k] if c3 else 0,
+            c4[k] if c4 else 0,
+        )
 
     def level_at(self, t: float) -> _Vec:
         return self.level(bisect_right(self.times, t) - 1)
@@ -206,17 +226,14 @@ class _Line:
         cols = self.cols
         return all(max(cols[d][k:j], default=0) <= lim[d] for d in dims)
 
-    def holds(self, start: float, end: float, cap: _Vec, use: _Vec) -> bool:
-        """Whether `use` fits under `cap` on every segment meeting [start, end) (end > start)."""
-        k, j = self.first_segment(start), bisect_left(self.times, end)
-        cols = self.cols
-        return all(max(cols[d][k:j], default=0) <= cap[d] - use[d] for d in range(5) if use[d] > 0)
-
     def room(self, k: int, j: int | None, lim: _Vec, dims: tuple[int, ...]) -> bytes:
         """One byte per segment k..j-1 (k.. when j is None): 1 where its level leaves room within lim."""
         flags: Iterator[bool] | None = None
         for d in dims:
-            ok = map(lim[d].__ge__, self.cols[d][k:j])
+            col = self.cols[d]
+            if not col:
+                continue  # zero everywhere, and lim[d] >= 0 for every dimension a need asks for (_limit)
+            ok = map(lim[d].__ge__, col[k:j])
             flags = ok if flags is None else map(operator.and_, flags, ok)
         return b"\x01" * len(self.times[k:j]) if flags is None else bytes(flags)
 
@@ -235,42 +252,88 @@ class _Line:
                 return
             t, k = nxt, k + 1
 
-    def _breakpoint(self, t: float) -> None:
-        """Count one more endpoint at t, inserting a breakpoint (continuing the level before it) if absent."""
-        times = self.times
-        k = bisect_left(times, t)
-        if k == len(times) or times[k] != t:
-            times.insert(k, t)
-            for col in self.cols:
+    def _materialise(self, use: _Vec) -> None:
+        """Keep the columns `use` writes to in step with times from now on (zeros so far)."""
+        for d in range(5):
+            if use[d] and d not in self.live:
+                self.cols[d][:] = [0] * len(self.times)
+                self.live.append(d)
+                self.live.sort()
+                self.live_cols = [self.cols[x] for x in self.live]
+
+    def add(
+        self,
+        rid: int,
+        start: float,
+        end: float,
+        use: _Vec,
+        dims: tuple[int, ...] | None = None,
+        cap: _Vec | None = None,
+    ) -> bool:
+        """Count the reservation's two endpoints (a new breakpoint continues the level before it) and raise the
+        level by `use` on [start, end): one pass, with the bisections shared. `dims`: use's non-zero dimensions.
+
+        With `cap`, first check that `use` fits under it on every segment meeting [start, end) (as `holds`),
+        and write nothing and answer False when it does not."""
+        if dims is None:
+            dims = _nonzero(use)
+        cols = self.cols
+        times, refs = self.times, self.refs
+        k = bisect_left(times, start)
+        if cap is not None and end != start:
+            lo = k if k < len(times) and times[k] == start else (k - 1 if k > 0 else 0)
+            hi = bisect_left(times, end, k)
+            for d in dims:
+                if max(cols[d][lo:hi], default=0) > cap[d] - use[d]:
+                    return False
+        for d in dims:
+            if not cols[d]:
+                self._materialise(use)
+                break
+        live = self.live_cols
+        if k == len(times) or times[k] != start:
+            times.insert(k, start)
+            for col in live:
                 col.insert(k, col[k - 1] if k > 0 else 0)
-            self.refs.insert(k, 0)
-        self.refs[k] += 1
-
-    def _release(self, t: float) -> None:
-        k = bisect_left(self.times, t)
-        self.refs[k] -= 1
-        if self.refs[k] == 0:
-            # No reservation starts or ends here any more, so the level continues the previous segment's.
-            del self.times[k], self.refs[k]
-            for col in self.cols:
-                del col[k]
-
-    def _shift(self, start: float, end: float, delta: _Vec) -> None:
-        k, stop = bisect_left(self.times, start), bisect_left(self.times, end)
-        for col, amount in zip(self.cols, delta, strict=True):
-            if amount:
-                col[k:stop] = map(amount.__add__, col[k:stop])
-
-    def add(self, rid: int, start: float, end: float, use: _Vec) -> None:
-        self._breakpoint(start)
-        self._breakpoint(end)
-        self._shift(start, end, use)
+            refs.insert(k, 0)
+        refs[k] += 1
+        j = bisect_left(times, end, k)
+        if j == len(times) or times[j] != end:
+            times.insert(j, end)
+            for col in live:
+                col.insert(j, col[j - 1] if j > 0 else 0)
+            refs.insert(j, 0)
+        refs[j] += 1
+        if j > k:
+            for d in dims:
+                col = cols[d]
+                col[k:j] = map(use[d].__add__, col[k:j])
         self.rids.add(rid)
+        return True
 
-    def remove(self, rid: int, start: float, end: float, use: _Vec) -> None:
-        self._shift(start, end, _minus(_ZERO_VEC, use))
-        self._release(start)
-        self._release(end)
+    def remove(
+        self, rid: int, start: float, end: float, use: _Vec, dims: tuple[int, ...] | None = None
+    ) -> None:
+        if dims is None:
+            dims = _nonzero(use)
+        times, refs, cols = self.times, self.refs, self.cols
+        k = bisect_left(times, start)
+        j = bisect_left(times, end, k)
+        if j > k:
+            for d in dims:
+                col = cols[d]
+                col[k:j] = map((-use[d]).__add__, col[k:j])
+        # A breakpoint no reservation starts or ends at any more goes: the level continues the previous one's.
+        refs[j] -= 1
+        if refs[j] == 0:
+            del times[j], refs[j]
+            for col in self.live_cols:
+                del col[j]
+        refs[k] -= 1
+        if refs[k] == 0:
+            del times[k], refs[k]
+            for col in self.live_cols:
+                del col[k]
         self.rids.discard(rid)
 
 
@@ -482,17 +545,53 @@ class SlotTable:
         wants = _wants(unit)
         caps, lines = self._caps, self._lines
         out: dict[int, int] = {}
+        if len(wants) == 2:  # cpu and memory, the common shape: the same sum, unrolled
+            (d0, w0), (d1, w1) = wants
+            for node in nodes:
+                line = lines[node]
+                k = bisect_right(line.times, t) - 1
+                cap = caps[node]
+                col0, col1 = line.cols[d0], line.cols[d1]
+                a = (cap[d0] - (col0[k] if k >= 0 and col0 else 0)) // w0
+                b = (cap[d1] - (col1[k] if k >= 0 and col1 else 0)) // w1
+                if b < a:
+                    a = b
+                if a > 1 << 30:
+                    a = 1 << 30
+                out[node] = a if a > 0 else 0
+            return out
         for node in nodes:
             line = lines[node]
             k = bisect_right(line.times, t) - 1
             cap = caps[node]
+            cols = line.cols
             best = 1 << 30
             for d, want in wants:
-                c = (cap[d] - (line.cols[d][k] if k >= 0 else 0)) // want
+                col = cols[d]
+                c = (cap[d] - (col[k] if k >= 0 and col else 0)) // want
                 if c < best:
                     best = c
             out[node] = best if best > 0 else 0
         return out
+
+    def total_free_cpu_at(self, t: float) -> int:
+        """total_free_at(t).cpu, building no Res (asked before every queued lease is looked at)."""
+        times = self._total.times
+        k = bisect_right(times, t) - 1
+        cpu = self._total.cols[0]
+        return self._total_cap[0] - (cpu[k] if k >= 0 and cpu else 0)
+
+    def total_copies_at(self, unit: Res, t: float) -> int:
+        """How many copies of `unit` the fleet's total free capacity at t holds (an upper bound on how many fit
+        on its nodes); the same as counting them in total_free_at(t), without building a Res."""
+        level = self._total.level_at(t)
+        cap = self._total_cap
+        best = 1 << 30
+        for d, want in _wants(unit):
+            c = (cap[d] - level[d]) // want
+            if c < best:
+                best = c
+        return best if best > 0 else 0
 
     def used_at(self, node: int, t: float) -> Res:
         return _res(self._line(node).level_at(t))
@@ -614,27 +713,32 @@ class SlotTable:
             raise ValueError(f"reservation {r.rid} is already in the table")
         # Vectors once, and the room check straight on the columns: a replay adds ~200,000 node rows, and going
         # through fits() (a Res per node, a cached-limit lookup) was a fifth of the 30-day replay's time.
-        uses = [(node, _vec(use)) for node, use in r.alloc.items()]
-        for node, v in uses:
-            cap = self._cap(node)
-            if min(v) < 0:
-                raise ValueError(f"negative use {_res(v)} on node {node}")
-            if r.start != r.end and not self._lines[node].holds(r.start, r.end, cap, v):
-                instant = max(r.start, self.fits_until(node, _res(v), r.start))
-                raise Overcommit(node, instant, _res(v), self.available_at(node, instant))
+        # Each node is checked and written in one step; a node without room undoes the ones written before it.
         total = _ZERO_VEC
-        for node, v in uses:
-            self._writable_line(node).add(r.rid, r.start, r.end, v)
+        rid, start, end = r.rid, r.start, r.end
+        done: list[tuple[int, _Vec]] = []
+        for node, use in r.alloc.items():
+            v = _vec(use)
+            cap = self._cap(node)
+            if min(v) < 0 or not self._writable_line(node).add(rid, start, end, v, _nonzero(v), cap):
+                for n, w in done:
+                    self._lines[n].remove(rid, start, end, w, _nonzero(w))
+                if min(v) < 0:
+                    raise ValueError(f"negative use {_res(v)} on node {node}")
+                instant = max(start, self.fits_until(node, _res(v), start))
+                raise Overcommit(node, instant, _res(v), self.available_at(node, instant))
+            done.append((node, v))
             total = _plus(total, v)
-        self._writable_total().add(r.rid, r.start, r.end, total)
+        self._writable_total().add(rid, start, end, total)
         self._writable_index().add(r)
 
     def remove(self, rid: int) -> Reservation:
         r = self._index.by_rid[rid]
         total = _ZERO_VEC
+        start, end = r.start, r.end
         for node, use in r.alloc.items():
             v = _vec(use)
-            self._writable_line(node).remove(rid, r.start, r.end, v)
+            self._writable_line(node).remove(rid, start, end, v, _nonzero(v))
             total = _plus(total, v)
         self._writable_total().remove(rid, r.start, r.end, total)
         self._writable_index().remove(r)
@@ -701,6 +805,7 @@ def _check_interval(start: float, end: float) -> None:
 
 
 _Count = Callable[[Iterable[int]], dict[int, int]]
+_Entry = list[Any]  # [total, {node: copies}, log position, set of nodes to recount]
 
 
 class RoomCounts:
@@ -713,51 +818,78 @@ class RoomCounts:
     knows nothing about resources; the caller says which nodes a change touched and which instants are over.
     """
 
-    __slots__ = ("_entries",)
+    # Touched nodes go to a log rather than into every entry: with hundreds of live (instant, unit) entries,
+    # marking each entry at every table change cost more than the recounts (docs/BENCHMARKS.md, replay). An
+    # entry remembers how far into the log it is up to date and reads the rest when it is next asked.
+    __slots__ = ("_base", "_entries", "_log")
+
+    _LOG_LIMIT = 8192
 
     def __init__(self) -> None:
-        # (t, unit) -> [total, {node: copies}, nodes recounted on the next ask]
-        self._entries: dict[tuple[float, Res], tuple[list[int], dict[int, int], set[int]]] = {}
+        # (t, unit) -> [total, {node: copies}, log position it is current to, nodes to recount on the next ask]
+        self._entries: dict[tuple[float, Res], _Entry] = {}
+        self._log: list[int] = []
+        self._base = 0  # the log position of self._log[0]
 
-    def total(self, t: float, unit: Res, nodes: Iterable[int], count: _Count) -> int:
-        """The sum of the counts over `nodes` (the same nodes every time until `clear`)."""
+    def _current(self, t: float, unit: Res, nodes: Iterable[int], count: _Count) -> _Entry:
         key = (t, unit)
+        end = self._base + len(self._log)
         entry = self._entries.get(key)
         if entry is None:
             per = count(nodes)
-            entry = self._entries[key] = ([sum(per.values())], per, set())
-            return entry[0][0]
-        acc, per, dirty = entry
+            entry = self._entries[key] = [sum(per.values()), per, end, set()]
+            return entry
+        per, pos, dirty = entry[1], entry[2], entry[3]
+        if pos < end:
+            dirty.update(self._log[pos - self._base :])
+            dirty.intersection_update(per)
+            entry[2] = end
         if dirty:
             fresh = count(dirty)
+            entry[0] += sum(fresh.values()) - sum(per[n] for n in dirty)
             per.update(fresh)
-            acc[0] += sum(fresh.values())
             dirty.clear()
-        return acc[0]
+        return entry
+
+    def total(self, t: float, unit: Res, nodes: Iterable[int], count: _Count) -> int:
+        """The sum of the counts over `nodes` (the same nodes every time until `clear`)."""
+        return int(self._current(t, unit, nodes, count)[0])
 
     def counts(self, t: float, unit: Res, nodes: Iterable[int], count: _Count) -> dict[int, int]:
         """Per node, its count, up to date; the caller must not change the dict."""
-        self.total(t, unit, nodes, count)
-        return self._entries[(t, unit)][1]
+        per: dict[int, int] = self._current(t, unit, nodes, count)[1]
+        return per
 
     def subtotal(self, t: float, unit: Res, nodes: Iterable[int], only: Iterable[int], count: _Count) -> int:
         """The sum of the counts over the nodes of `only` that are among `nodes`."""
-        self.total(t, unit, nodes, count)
-        per = self._entries[(t, unit)][1]
-        return sum(per.get(n, 0) for n in only)
+        per = self._current(t, unit, nodes, count)[1]
+        return sum(map(per.get, only, repeat(0)))
+
+    def knows(self, t: float, unit: Res) -> bool:
+        """Whether the counts for (t, unit) are kept (asked before, and not forgotten since)."""
+        return (t, unit) in self._entries
 
     def touch(self, nodes: Iterable[int]) -> None:
-        nodes = tuple(nodes)
-        for acc, per, dirty in self._entries.values():
-            for n in nodes:
-                c = per.get(n)
-                if c is not None and n not in dirty:
-                    acc[0] -= c
-                    dirty.add(n)
+        self._log.extend(nodes)
+        if len(self._log) > self._LOG_LIMIT:
+            # Hand the log to the entries that have not read it yet, as nodes to recount, and start afresh.
+            end = self._base + len(self._log)
+            for entry in self._entries.values():
+                if entry[2] < end:
+                    entry[3].update(self._log[entry[2] - self._base :])
+                    entry[3].intersection_update(entry[1])
+                    entry[2] = end
+            self._log.clear()
+            self._base = end
 
     def forget_before(self, t: float) -> None:
         for key in [k for k in self._entries if k[0] < t]:
             del self._entries[key]
+        if not self._entries:
+            self._base += len(self._log)
+            self._log.clear()
 
     def clear(self) -> None:
         self._entries.clear()
+        self._base += len(self._log)
+        self._log.clear()

@@ -648,3 +648,54 @@ def test_room_counts_recount_only_the_touched_nodes_and_forget_past_instants():
     room.forget_before(11)
     assert room.total(10, Res(50, 512), [1, 2], count) == 1
     assert asked[-1] == [1, 2]  # counted afresh
+
+
+def test_a_resource_first_used_late_reads_as_zero_before_and_counts_after():
+    # Columns nobody has used are kept empty (docs/replay.md, Speed): the first use of disk or network on a node
+    # with breakpoints already in place must read exactly as if the column had been there all along.
+    table = SlotTable({1: Res(100, 1024, 10, 100, 100)})
+    table.add(Reservation(1, 1, "vm", 0, 100, {1: Res(50, 512)}))
+    assert table.available_at(1, 50) == Res(50, 512, 10, 100, 100)
+    table.add(Reservation(2, 2, "migrate", 20, 40, {1: Res(net_in=100)}))
+    assert table.used_at(1, 30) == Res(50, 512, 0, 100, 0)
+    assert table.used_at(1, 10) == Res(50, 512)
+    assert table.fits(1, Res(net_in=1), 40, 60)
+    assert not table.fits(1, Res(net_in=1), 10, 30)
+    assert table.fits_until(1, Res(net_in=1), 0) == 20
+    assert table.copies_at(1, Res(net_in=50), 30) == 0
+    assert table.copies_at(1, Res(net_in=50), 10) == 2
+    assert table.copies_many([1], Res(cpu=10, net_out=10), 30) == {1: 5}
+    assert table.earliest_fit(1, Res(10, 10, 0, 100), 10, 15) == 40
+    assert table.total_copies_at(Res(cpu=25, net_in=50), 30) == 0
+    assert table.total_copies_at(Res(cpu=25, net_in=50), 50) == 2
+    with pytest.raises(Overcommit):
+        table.add(Reservation(3, 3, "migrate", 30, 50, {1: Res(net_in=1)}))
+    copy = table.copy()
+    copy.add(Reservation(4, 4, "vm", 0, 10, {1: Res(disk=5)}))
+    assert copy.used_at(1, 5) == Res(50, 512, 5)
+    assert table.used_at(1, 5) == Res(50, 512)  # the original's columns are not the copy's
+    table.remove(2)
+    assert table.used_at(1, 30) == Res(50, 512)
+    assert table.blockers(1, Res(60), 0, 10) == [table.get(1)]
+
+
+def test_an_overcommit_on_a_later_node_leaves_the_earlier_nodes_as_they_were():
+    table = SlotTable({1: Res(100, 1024), 2: Res(100, 1024)})
+    table.add(Reservation(1, 1, "vm", 10, 20, {2: Res(100, 1024)}))
+    before = [(n, table.changepoints(-math.inf, nodes=[n])) for n in (1, 2)]
+    with pytest.raises(Overcommit) as err:
+        table.add(Reservation(2, 2, "vm", 0, 30, {1: Res(50, 512), 2: Res(50, 512)}))
+    assert (err.value.node, err.value.instant) == (2, 10)
+    assert [(n, table.changepoints(-math.inf, nodes=[n])) for n in (1, 2)] == before
+    assert table.used_at(1, 5) == Res.ZERO
+    assert table.reservations(node=1) == []
+    assert table.total_free_at(5) == Res(200, 2048)
+
+
+def test_the_fleets_free_cpu_at_an_instant_matches_the_total_free():
+    table = SlotTable({1: Res(100, 1024), 2: Res(200, 2048)})
+    assert table.total_free_cpu_at(0) == 300
+    table.add(Reservation(1, 1, "vm", 10, 20, {1: Res(100, 512), 2: Res(50, 0)}))
+    for t in (0, 10, 15, 20, 25):
+        assert table.total_free_cpu_at(t) == table.total_free_at(t).cpu
+    assert table.total_free_cpu_at(10) == 150
