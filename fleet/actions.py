@@ -415,7 +415,7 @@ def do_readmit(actor, node_id: int, *, reason: str, now: datetime) -> Node:
             raise DomainError(
                 f"node {node.name} is not fenced (it is {node.status}); there is nothing to re-admit"
             )
-        fenced_for = reason and node.fence_reason
+        fenced_for = node.fence_reason
         node.fenced_at = None
         node.fence_reason = ""
         node.status = NodeStatus.OFFLINE
@@ -485,10 +485,8 @@ class SweepResult:
 
 def _sweep_state(now: datetime) -> tuple[SweepState, float | None]:
     """Locks the sweep's row and says how long the sweep was away, if it was away long enough to matter."""
-    state = SweepState.objects.select_for_update().filter(pk=1).first()
-    if state is None:
-        state, _ = SweepState.objects.get_or_create(pk=1)
-        state = SweepState.objects.select_for_update().get(pk=1)
+    SweepState.objects.get_or_create(pk=1)
+    state = SweepState.objects.select_for_update().get(pk=1)
     gap = None if state.last_sweep_at is None else (now - state.last_sweep_at).total_seconds()
     away = settings.SLOTKEEPER["SWEEP_OUTAGE_GAP_S"]
     if state.last_sweep_at is None or (gap is not None and gap > away):
@@ -514,23 +512,19 @@ def sweep(now: datetime) -> SweepResult:
     result = SweepResult(offline=[], dead=[], trimmed_samples=0)
     offline_after = _offline_after()
     with transaction.atomic():
-        state, away = _sweep_state(now)
-        if away is not None or state.last_sweep_at is None:
-            result.resumed_after_s = away
+        state, result.resumed_after_s = _sweep_state(now)
         offline_cutoff = now - timedelta(seconds=offline_after)
         dead_cutoff = now - timedelta(seconds=_dead_after())
-        disrupted = _disruption(state, now, offline_cutoff, state.grace_from, result)
+        disrupted = _disruption(state, now, offline_cutoff, result)
         grace_from = state.grace_from  # after _disruption, which starts a fresh grace when a disruption ends
         state.last_sweep_at = now
         state.save(update_fields=["last_sweep_at", "grace_from", "disrupted_since", "disruption_note"])
-    if grace_from is not None and grace_from > offline_cutoff:
-        offline_cutoff = grace_from  # nobody has been silent long enough since the grace began
-    if grace_from is not None and grace_from > dead_cutoff:
-        dead_cutoff = grace_from
     silent = Q(last_heartbeat_at__lt=offline_cutoff) | Q(
         last_heartbeat_at=None, status_changed_at__lt=offline_cutoff
     )
-    if grace_from is None or grace_from <= now - timedelta(seconds=offline_after):
+    # Silence counts from the later of a node's last heartbeat and the grace's start: until the grace is as old
+    # as the cutoff nobody can have been silent long enough; after that the cutoff alone decides.
+    if _grace_over(grace_from, offline_cutoff):
         reason = f"no heartbeat for {offline_after:g} s"
         for node in Node.objects.filter(silent, status=NodeStatus.ONLINE).only("id", "name", "status"):
             with transaction.atomic():
@@ -545,21 +539,22 @@ def sweep(now: datetime) -> SweepResult:
                     )
                     events.send_on_commit("node-changed", node=node.pk)
                     result.offline.append(node.name)
-    if not disrupted and (grace_from is None or grace_from <= now - timedelta(seconds=_dead_after())):
+    if not disrupted and _grace_over(grace_from, dead_cutoff):
         result.dead_cutoff = dead_cutoff
     result.trimmed_samples = trim_health_history(now)
     return result
 
 
-def _disruption(state: SweepState, now: datetime, cutoff: datetime, grace_from, result: SweepResult) -> bool:
+def _grace_over(grace_from: datetime | None, cutoff: datetime) -> bool:
+    return grace_from is None or grace_from <= cutoff
+
+
+def _disruption(state: SweepState, now: datetime, cutoff: datetime, result: SweepResult) -> bool:
     """Whether so much of the fleet is silent at once that the silence is more likely ours than theirs."""
     watched = Node.objects.exclude(status=NodeStatus.DEAD).exclude(last_heartbeat_at=None)
     total = watched.count()
-    silent_since = max(cutoff, grace_from) if grace_from is not None else cutoff
     silent = (
-        watched.filter(last_heartbeat_at__lt=silent_since).count()
-        if grace_from is None or grace_from <= cutoff
-        else 0
+        watched.filter(last_heartbeat_at__lt=cutoff).count() if _grace_over(state.grace_from, cutoff) else 0
     )
     share = settings.SLOTKEEPER["DISRUPTION_SHARE"]
     minimum = settings.SLOTKEEPER["DISRUPTION_MIN_NODES"]

@@ -164,6 +164,9 @@ def test_a_node_that_heartbeats_within_the_fresh_grace_is_never_marked_offline(t
     node_actions.do_heartbeat(Node.objects.get(pk=tank.pk), report(), now=t0 + timedelta(seconds=205))
     assert sweeps(t0, 205, 220).offline == []
     assert status(tank) == "online"
+    # Never touched at all: a node wrongly marked offline or dead would also be back online by now.
+    changes = AuditEntry.objects.filter(at__gt=t0, action__in=["node.offline", "node.dead", "node.back"])
+    assert not changes.exists()
 
 
 @pytest.fixture
