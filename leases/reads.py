@@ -3,9 +3,13 @@ groups a lease belongs to as the pure group rules take them (fleet/affinity.py).
 
 from __future__ import annotations
 
+from datetime import datetime
+
+from django.db.models import Sum
+
 from fleet import affinity
 from leases.lifecycle import LIVE_INSTANCE_STATES
-from leases.models import Group, Instance, Lease, SchedulerState
+from leases.models import Allocation, Group, Instance, Lease, SchedulerState
 from slotkeeper.domain import NotFound
 
 LIVE = [s.value for s in LIVE_INSTANCE_STATES]
@@ -47,3 +51,13 @@ def lease_groups(lease: Lease) -> list[affinity.GroupMembers]:
         )
         for g in lease.groups.all()
     ]
+
+
+def committed_now(now: datetime, node_ids=None) -> dict[int, tuple[float, int, int]]:
+    """What the slot table holds on each node at `now` (cores, MiB, GiB), one query for any number of nodes:
+    the `committed` figure of the node API, the board and the node page (docs/capacity.md)."""
+    rows = Allocation.objects.filter(live=True, start__lte=now, end__gt=now)
+    if node_ids is not None:
+        rows = rows.filter(node_id__in=node_ids)
+    sums = rows.values("node_id").annotate(cpu=Sum("cpu"), mem=Sum("mem_mib"), disk=Sum("disk_gib"))
+    return {r["node_id"]: (r["cpu"] / 100, r["mem"], r["disk"]) for r in sums}

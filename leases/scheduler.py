@@ -36,8 +36,9 @@ from leases.scheduling.records import (
     LeaseRequest,
     ReservationRecord,
     SchedulerConfig,
+    Spec,
 )
-from leases.slottable import Res
+from leases.slottable import Overcommit, Res
 
 # The scheduler's whole vocabulary is imported from here; the layers' own modules are its implementation.
 __all__ = [
@@ -157,27 +158,37 @@ class Scheduler(EventLoop):
     def restore(self, lease: LeaseRecord) -> None:
         """Load an existing lease (the live service, from its database); its live reservations enter the table.
 
-        All or nothing: a lease whose live reservations cannot enter the table (a node that is gone, an
-        overcommit) is kept aside as broken, and `isolate_broken(now)` fails it once the caller knows the time."""
+        All or nothing. Work that has started enters whatever the node's capacity now is (it runs; refusing to
+        know about it would not stop it). A lease whose reservations have not started and no longer fit (the
+        node's capacity shrank since they were planned) is kept aside as displaced and planned again by
+        `settle(now)`. Anything else that cannot enter the table (a node that is gone) marks the lease broken,
+        and `settle(now)` isolates it once the caller knows the time."""
         lid = lease.request.id
         self.leases[lid] = lease
+        chain = lease.chain()
+        started = any(r.status == ACTIVE for r in chain)
         added: list[ReservationRecord] = []
         try:
-            for r in lease.chain():
+            for r in chain:
                 unknown = sorted({*r.nodes.values(), *r.sources.values()} - set(self.table.nodes))
                 if unknown:
                     raise KeyError(
                         f"reservation {r.rid} names node(s) {unknown} that the slot table does not hold"
                     )
-                self.table.add(self._table_row(lease, r))
+                self.table.add(self._table_row(lease, r), force=started)
                 added.append(r)
         except Exception as exc:
-            if self.strict:
+            if self.strict and not isinstance(exc, Overcommit):
                 raise
             for r in added:
                 self.table.remove(r.rid)
             self._touch({n for r in added for n in (*r.nodes.values(), *r.sources.values())})
-            self._broken.append((lid, f"{type(exc).__name__}: {exc}"))
+            for r in chain:
+                self._next_rid = max(self._next_rid, r.rid + 1)
+            if isinstance(exc, Overcommit):
+                self._displaced.append((lid, exc.node))
+            else:
+                self._broken.append((lid, f"{type(exc).__name__}: {exc}"))
             return
         for r in added:
             self._next_rid = max(self._next_rid, r.rid + 1)
@@ -190,8 +201,49 @@ class Scheduler(EventLoop):
         if lease.in_future:
             self._future.add(lid)
 
+    def settle(self, now: float) -> None:
+        """After restoring: plan again every displaced lease (see `restore`), then isolate every broken one."""
+        self._replan_displaced(now)
+        self.isolate_broken(now)
+
+    def take_displaced(self) -> list[tuple[int, int, str]]:
+        """(lease id, node id, what became of it) for each lease `settle` planned again since the last call."""
+        displaced, self.displaced = self.displaced, []
+        return displaced
+
+    def _replan_displaced(self, now: float) -> None:
+        """A best-effort lease goes back to the queue at its place (the queue re-places it); an advance reservation
+        or immediate lease keeps its window on other nodes if the fleet holds it there, and fails otherwise."""
+        pending, self._displaced = self._displaced, []
+        for lid, node in pending:
+            rec = self.leases[lid]
+            old = rec.chain()
+            for r in old:
+                r.status = CANCELLED
+                self._journal(now, r, "reservation_cancelled")
+            if rec.request.type == BEST_EFFORT:
+                self._future.discard(lid)
+                rec.in_future = False
+                suspended = rec.state in (_S.SUSPENDED_SCHEDULED, _S.SUSPENDED_QUEUED)
+                if rec.state not in (_S.QUEUED, _S.SUSPENDED_QUEUED):
+                    self._set_state(rec, _S.SUSPENDED_QUEUED if suspended else _S.QUEUED, now)
+                self._enqueue(rec)
+                self.displaced.append((lid, node, "queued again"))
+                continue
+            start, end = min(r.start for r in old), max(r.end for r in old)
+            found = self._map(self.table, rec.request, max(start, now), end, True, None) if old else None
+            if found is None:
+                self._isolate(
+                    rec, now, f"its reservation no longer fits node {node}, and no other node holds it"
+                )
+                self.displaced.append((lid, node, "failed"))
+                continue
+            for r in old:
+                self._place(rec, Spec(r.kind, max(r.start, now), r.end, dict(found[0])), now)
+            self.displaced.append((lid, node, "moved"))
+
     def isolate_broken(self, now: float) -> None:
-        """Fail every lease `restore` could not load (see there), at `now`."""
+        """Fail every lease `restore` found broken (see there), at `now`."""
         broken, self._broken = self._broken, []
         for lid, reason in broken:
             self._isolate(self.leases[lid], now, reason)

@@ -280,8 +280,12 @@ class SlotTable:
 
     # -- writing -------------------------------------------------------------------------------------------
 
-    def add(self, r: Reservation) -> None:
-        """Add a reservation, or raise Overcommit (and change nothing) if any node would exceed capacity."""
+    def add(self, r: Reservation, *, force: bool = False) -> None:
+        """Add a reservation, or raise Overcommit (and change nothing) if any node would exceed capacity.
+
+        `force` adds it whatever the capacity: only for work already running on a node whose capacity has shrunk
+        since (a new host baseline, a resized node), which cannot be undone by refusing to know about it. The
+        node then stays over capacity, and so refuses new work, until that work ends."""
         if r.rid in self._index.by_rid:
             raise ValueError(f"reservation {r.rid} is already in the table")
         # Vectors once, and the room check straight on the columns: a replay adds ~200,000 node rows, and going
@@ -292,7 +296,7 @@ class SlotTable:
         done: list[tuple[int, Vec]] = []
         for node, use in r.alloc.items():
             v = vec(use)
-            cap = self._cap(node)
+            cap = None if force else self._cap(node)
             if min(v) < 0 or not self._writable_line(node).add(rid, start, end, v, nonzero_dims(v), cap):
                 for n, w in done:
                     self._lines[n].remove(rid, start, end, w, nonzero_dims(w))

@@ -53,7 +53,9 @@ def from_epoch(t: float) -> datetime:
 
 
 def node_capacity(node: capacity.NodeState) -> Res:
-    return Res(cpu=node.cpu_cores * 100, mem=node.mem_total_mib, disk=node.disk_total_gib)
+    """What the slot table plans with on a node: its allocatable capacity (docs/capacity.md)."""
+    limits = capacity.node_limits(node)
+    return Res(cpu=limits.cpu_cores * 100, mem=limits.mem_mib, disk=limits.disk_gib)
 
 
 def scheduler_config() -> SchedulerConfig:
@@ -114,7 +116,8 @@ _cache = _Cache()
 
 
 def fleet_fingerprint(nodes: list[capacity.NodeState]) -> tuple:
-    return tuple((n.id, n.cpu_cores, n.mem_total_mib, n.disk_total_gib) for n in nodes)
+    """The nodes and their allocatable capacities: a change to either makes a cached scheduler stale."""
+    return tuple((n.id, node_capacity(n)) for n in nodes)
 
 
 def load(nodes: list[capacity.NodeState], next_rid: int) -> Scheduler:
@@ -129,8 +132,12 @@ def load(nodes: list[capacity.NodeState], next_rid: int) -> Scheduler:
     by_lease: dict[int, list[Reservation]] = {}
     for r in Reservation.objects.filter(lease__in=live).order_by("start", "rid"):
         by_lease.setdefault(r.lease_id, []).append(r)
-    for lease in live:
-        sched.restore(record_of(lease, by_lease.get(lease.pk, [])))
+    # Leases with work under way first: what runs is in the table before any plan for later, so that when a node's
+    # capacity has shrunk it is the unstarted plans that no longer fit, and are planned again, never running work.
+    records = [record_of(lease, by_lease.get(lease.pk, [])) for lease in live]
+    records.sort(key=lambda rec: not any(r.status == "active" for r in rec.reservations))
+    for rec in records:
+        sched.restore(rec)
     sched.continue_rids_after(next_rid)
     return sched
 
@@ -192,11 +199,12 @@ def _planning(now: datetime) -> Iterator[Planning]:
         else:
             sched = load(nodes, state.next_rid)
         plan = Planning(scheduler=sched, now=now, excluded=excluded_nodes(nodes), nodes=nodes)
-        sched.isolate_broken(plan.t)
+        sched.settle(plan.t)
         yield plan
         changes = sched.take_changes()
         touched = apply(sched, changes)
         _record_isolated(sched.take_isolated(), now)
+        _record_displaced(sched.take_displaced(), nodes, now)
         state.version += 1
         state.next_rid = sched.next_rid
         state.save(update_fields=["version", "next_rid"])
@@ -208,6 +216,25 @@ def _planning(now: datetime) -> Iterator[Planning]:
         transaction.on_commit(keep)
         if touched:
             events.send_on_commit("slots-changed", leases=sorted(touched)[:50])
+
+
+def _record_displaced(
+    displaced: list[tuple[int, int, str]], nodes: list[capacity.NodeState], now: datetime
+) -> None:
+    """Says on each lease why its plan changed when a node's allocatable capacity shrank under it."""
+    names = {n.id: n.name for n in nodes}
+    for lease_id, node_id, outcome in displaced:
+        node = names.get(node_id, f"node {node_id}")
+        reason = f"its reservation no longer fit {node}, whose allocatable capacity shrank"
+        if outcome == "failed":
+            continue  # isolated: _record_isolated says so, with an alert
+        lease = Lease.objects.filter(pk=lease_id).first()
+        if lease is None:
+            continue
+        lease.message = f"{reason}; {'queued again' if outcome == 'queued again' else 'moved to other nodes'}"
+        lease.save(update_fields=["message"])
+        audit.record(at=now, actor=None, action="lease.replace", target=lease, reason=reason)
+        log.warning("lease displaced", extra={"lease": lease_id, "node": node, "outcome": outcome})
 
 
 def _record_isolated(isolated: list[tuple[int, str]], now: datetime) -> None:

@@ -59,6 +59,9 @@ class PlanBook:
         self.strict = strict
         self.isolated: list[tuple[int, str]] = []
         self._broken: list[tuple[int, str]] = []
+        # Leases whose unstarted reservations no longer fit a node that shrank, and what settle() did with them.
+        self._displaced: list[tuple[int, int]] = []
+        self.displaced: list[tuple[int, int, str]] = []
         self.config = config
         self.label = label
         self.leases: dict[int, LeaseRecord] = {}
