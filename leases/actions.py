@@ -70,12 +70,14 @@ def do_submit_lease(actor, spec: LeaseSpec, *, now: datetime) -> Submitted:
         )
         if spec.groups:
             lease.groups.set(Group.objects.filter(name__in=spec.groups))
+        groups = reads.lease_groups(lease) if spec.groups else []
         excluded = {
             **plan.excluded,
             **_missing_capabilities(plan, spec.capabilities),
-            **_group_exclusions(plan, lease),
+            **_group_exclusions(plan, groups),
         }
-        decision = plan.scheduler.submit(store.request_of(lease), plan.t, excluded)
+        request = store.request_of(lease, groups, [n.id for n in plan.nodes])
+        decision = plan.scheduler.submit(request, plan.t, excluded)
         lease.message = decision.message
         lease.save(update_fields=["message"])
         report = _report(plan, lease, decision, actor)
@@ -113,11 +115,11 @@ def _missing_capabilities(plan: store.Planning, needed) -> dict[int, str]:
     }
 
 
-def _group_exclusions(plan: store.Planning, lease: Lease) -> dict[int, str]:
+def _group_exclusions(plan: store.Planning, groups: list[affinity.GroupMembers]) -> dict[int, str]:
     """Nodes the lease's hard group rules forbid, with the rule's sentence (the scheduler maps around them)."""
     names = {n.id: n.name for n in plan.nodes}
     out: dict[int, str] = {}
-    for group in reads.lease_groups(lease):
+    for group in groups:
         if not group.members:
             continue
         for node_id in names:

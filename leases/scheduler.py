@@ -201,6 +201,12 @@ class Scheduler(EventLoop):
         if lease.in_future:
             self._future.add(lid)
 
+    def observe(self, extra: Mapping[int, Res]) -> None:
+        """The now-gate (docs/capacity.md): per node, what it is observed to use beyond what the plan holds there
+        now (host memory above its remembered baseline, disk filled outside the plan). Work starting now must fit
+        that as well; later reservations are planned against allocatable alone."""
+        self._now_extra = {n: r for n, r in extra.items() if r != Res()}
+
     def settle(self, now: float) -> None:
         """After restoring: plan again every displaced lease (see `restore`), then isolate every broken one."""
         self._replan_displaced(now)

@@ -225,6 +225,17 @@ class SlotTable:
             if t == math.inf:
                 return None  # Only a reservation that never ends can push the start out to infinity.
 
+    def free_over(self, node: int, start: float, end: float) -> Res:
+        """The least free capacity of each resource at any instant of [start, end) (negative where running work
+        exceeds a capacity that shrank): what a newcomer can have for the whole window."""
+        _check_interval(start, end)
+        cap = self._cap(node)
+        low: Vec | None = None
+        for _a, _b, level in self._line(node).segments(start, end):
+            free = vec_minus(cap, level)
+            low = free if low is None else vec_lowest(low, free)
+        return unvec(low if low is not None else cap)
+
     def blockers(self, node: int, need: Res, start: float, end: float) -> list[Reservation]:
         """The reservations that keep `need` from fitting on [start, end), for messages such as
         "reserved 13:30-14:00 by lease 7"; empty when it fits. A need larger than the node blames no one."""

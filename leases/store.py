@@ -14,7 +14,8 @@ the plan lock touches the cached object, so threads of one process can share it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import math
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -22,9 +23,9 @@ from datetime import UTC, datetime
 from django.conf import settings
 from django.db import OperationalError, transaction
 
-from fleet import capacity
+from fleet import affinity, capacity
 from fleet.placement import states_from_rows
-from leases import vnodes
+from leases import reads, vnodes
 from leases.alerts import raise_alert
 from leases.instance_rows import present_instances, sync_lease_instances
 from leases.lifecycle import TERMINAL_LEASE_STATES, LeaseState
@@ -62,7 +63,11 @@ def scheduler_config() -> SchedulerConfig:
     return SchedulerConfig.from_options(getattr(settings, "SLOTKEEPER_SCHEDULING", {}))
 
 
-def request_of(lease: Lease) -> LeaseRequest:
+def request_of(
+    lease: Lease, groups: Sequence[affinity.GroupMembers] = (), node_ids: Collection[int] = ()
+) -> LeaseRequest:
+    """The scheduler's view of a lease; `groups` (reads.lease_groups) become its spread over nodes."""
+    rules = affinity.spread(groups, node_ids) if groups else affinity.Spread()
     return LeaseRequest(
         id=lease.pk,
         type=lease.type,
@@ -72,12 +77,20 @@ def request_of(lease: Lease) -> LeaseRequest:
         vnodes=tuple(vnodes.as_res(v) for v in lease.vnodes),
         preemptible=lease.preemptible,
         real_duration=lease.real_duration_s,
+        spread=rules.limit,
+        taken=rules.taken,
+        avoid=rules.avoid,
     )
 
 
-def record_of(lease: Lease, reservations: list[Reservation]) -> LeaseRecord:
+def record_of(
+    lease: Lease,
+    reservations: list[Reservation],
+    groups: Sequence[affinity.GroupMembers] = (),
+    node_ids: Collection[int] = (),
+) -> LeaseRecord:
     return LeaseRecord(
-        request=request_of(lease),
+        request=request_of(lease, groups, node_ids),
         state=LeaseState(lease.state),
         reservations=[
             ReservationRecord(
@@ -134,12 +147,37 @@ def load(nodes: list[capacity.NodeState], next_rid: int) -> Scheduler:
         by_lease.setdefault(r.lease_id, []).append(r)
     # Leases with work under way first: what runs is in the table before any plan for later, so that when a node's
     # capacity has shrunk it is the unstarted plans that no longer fit, and are planned again, never running work.
-    records = [record_of(lease, by_lease.get(lease.pk, [])) for lease in live]
+    live = list(live)
+    groups = reads.groups_by_lease([lease.pk for lease in live])
+    ids = [n.id for n in nodes]
+    records = [record_of(lease, by_lease.get(lease.pk, []), groups.get(lease.pk, ()), ids) for lease in live]
     records.sort(key=lambda rec: not any(r.status == "active" for r in rec.reservations))
     for rec in records:
         sched.restore(rec)
     sched.continue_rids_after(next_rid)
     return sched
+
+
+def observed_extra(
+    nodes: list[capacity.NodeState], sched: Scheduler, t: float, excluded: Mapping[int, str]
+) -> dict[int, Res]:
+    """The now-gate's figures (docs/capacity.md): per usable node, the memory it is observed to use beyond its
+    remembered baseline and what the plan holds there now, and the disk it is short of what the plan thinks is
+    free. Seed 001's rule: a node is charged the worse of observed and committed use."""
+    out: dict[int, Res] = {}
+    for node in nodes:
+        if node.id in excluded or node.observed_mem_used_mib is None or node.id not in sched.table.nodes:
+            continue
+        planned = sched.table.used_at(node.id, t)
+        baseline = max(node.idle_baseline_mib or 0, capacity.BASELINE_FLOOR_MIB)
+        mem = max(0, node.observed_mem_used_mib - baseline - planned.mem)
+        disk = 0
+        if node.disk_free_gib is not None:
+            plan_free = capacity.node_limits(node).disk_gib - planned.disk
+            disk = max(0, math.ceil(plan_free - (node.disk_free_gib - capacity.DISK_RESERVE_GIB)))
+        if mem or disk:
+            out[node.id] = Res(mem=mem, disk=disk)
+    return out
 
 
 def excluded_nodes(nodes: list[capacity.NodeState]) -> dict[int, str]:
@@ -200,6 +238,7 @@ def _planning(now: datetime) -> Iterator[Planning]:
             sched = load(nodes, state.next_rid)
         plan = Planning(scheduler=sched, now=now, excluded=excluded_nodes(nodes), nodes=nodes)
         sched.settle(plan.t)
+        sched.observe(observed_extra(nodes, sched, plan.t, plan.excluded))
         yield plan
         changes = sched.take_changes()
         touched = apply(sched, changes)

@@ -75,6 +75,8 @@ class PlanBook:
         self._changes: list[Change] = []
         self.replaced: list[tuple[int, str]] = []  # set by advance(): leases requeued off unusable nodes
         self._excluded: Mapping[int, str] = {}
+        # Per node: what it is observed to use beyond what the plan holds there now; work starting now must fit it.
+        self._now_extra: Mapping[int, Res] = {}
         self._now = -math.inf
         # Per node: (from, until, leases, next change): the host-score summary holds for every instant in
         # [from, until), the span up to the node's next change of usage or lease set, until a change touches it.

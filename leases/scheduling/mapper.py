@@ -19,6 +19,7 @@ from leases.slottable import Res, SlotTable
 
 ONE_CPU = Res(cpu=1)
 EMPTY = Res()  # a node's share before any vnode is mapped to it (compared by identity)
+_NONE: dict = {}  # read-only: no extra use, no group members (no dict built per mapping attempt)
 
 
 class Mapper(PlanBook):
@@ -67,15 +68,22 @@ class Mapper(PlanBook):
         mapping: dict[int, int] = {}
         latest = end
         i = 0
+        # Work that starts now must also fit what the node is observed to use beyond the plan (the now-gate).
+        extra = self._now_extra if start <= self._now else _NONE
+        taken = dict(req.taken) if req.taken else _NONE
         for node in self._host_order(table, req, start, end - start, only):
             need = EMPTY
             cap = self._capacity[node]
-            while i < len(order):
+            seen = extra.get(node)
+            allowed = len(order) if req.spread is None else req.spread - taken.get(node, 0)
+            placed = 0
+            while i < len(order) and placed < allowed:
                 vnode = req.vnodes[order[i] - 1]
                 trial = need + vnode if need is not EMPTY else vnode
+                checked = trial + seen if seen is not None else trial
                 # More than the node holds when empty never fits: fits_until would answer `start` (a full
                 # node's second VM, every time a wide lease is mapped).
-                until = self._fits_until(table, node, trial, start) if trial.fits_in(cap) else start
+                until = self._fits_until(table, node, checked, start) if checked.fits_in(cap) else start
                 if until < latest:
                     if strict or until <= start:
                         break
@@ -83,6 +91,7 @@ class Mapper(PlanBook):
                 need = trial
                 mapping[order[i]] = node
                 i += 1
+                placed += 1
             if i == len(order):
                 return mapping, latest
         return None
@@ -142,6 +151,8 @@ class Mapper(PlanBook):
             steady = 1.0 if change == math.inf or duration <= 0 else min(1.0, (change - start) / duration)
             return 0.5 * crowd + 0.25 + 0.25 * steady
 
+        if req.avoid:
+            return sorted(nodes, key=lambda n: (n in req.avoid, -score(n)))
         return sorted(nodes, key=lambda n: -score(n))
 
     def _summary(self, node: int, t: float) -> tuple[int, float]:

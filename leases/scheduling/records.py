@@ -148,6 +148,12 @@ class LeaseRequest:
     preemptible: bool = True
     real_duration: float | None = None
     deadline: float | None = None
+    # Group rules, as the mapper takes them (fleet/affinity.py decides them): at most `spread` of this lease's
+    # VMs on one node, less `taken` (node id, the group's members already there); and `avoid`, nodes a soft rule
+    # would rather not use, tried last.
+    spread: int | None = None
+    taken: tuple[tuple[int, int], ...] = ()
+    avoid: frozenset[int] = frozenset()
 
 
 @dataclass
