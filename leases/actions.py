@@ -43,6 +43,30 @@ class LeaseSpec:
     # Instance policy: migratable, restart_policy, max_reschedules, auto_approve_reschedules, driver, spec.
     policy: dict = field(default_factory=dict)
 
+    @classmethod
+    def from_request(cls, data: dict) -> LeaseSpec:
+        """The spec of a validated lease request (leases/api/serializers.py's LeaseCreateSerializer), as the API
+        and the console's form both submit it."""
+        return cls(
+            name=data["name"],
+            type=data["type"],
+            duration_s=data["duration_s"],
+            vnodes=[dict(v) for v in data["nodes"]],
+            start=data["start"],
+            capabilities=tuple(data["capabilities"]),
+            preemptible=data["preemptible"],
+            real_duration_s=data["real_duration_s"],
+            groups=tuple(data["groups"]),
+            policy={
+                "migratable": data["migratable"],
+                "restart_policy": dict(data["restart_policy"]),
+                "max_reschedules": data["max_reschedules"],
+                "auto_approve_reschedules": data["auto_approve_reschedules"],
+                "driver": data["driver"],
+                "spec": dict(data["spec"]),
+            },
+        )
+
 
 @dataclass
 class Submitted:

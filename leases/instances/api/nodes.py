@@ -12,7 +12,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from fleet import actions, capacity, placement
+from fleet import actions
 from fleet.api import serializers as s
 from fleet.api import views as fleet_views
 from fleet.api.views import validated
@@ -96,24 +96,4 @@ class PlacementPreviewView(APIView):
     @extend_schema(request=s.PreviewSerializer, responses={200: s.PlacementResultSerializer})
     def post(self, request):
         data = validated(s.PreviewSerializer, request.data)
-        need = capacity.Need(
-            mem_mib=data["mem_mib"],
-            disk_gib=data["disk_gib"],
-            cpu_cores=data["cpu_cores"],
-            capabilities=frozenset(data["capabilities"]),
-            count=data["count"],
-            preferred_node=data["preferred_node"] or None,
-        )
-        now = timezone.now()
-        states = placement.snapshot(now, claims=reads.claims())
-        result, report = actions.do_preview_placement(request.user, need, states=states, now=now)
-        return Response(
-            {
-                "outcome": str(result.outcome),
-                "nodes": list(result.nodes),
-                "message": result.message,
-                "preferred_note": result.preferred_note,
-                "report": report.pk,
-                "verdicts": report.verdicts,
-            }
-        )
+        return Response(nodes.do_preview_placement(request.user, data, now=timezone.now()))
