@@ -6,6 +6,9 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Lower
+from django.utils.functional import cached_property
+
+from fleet import reports
 
 
 class NodeStatus(models.TextChoices):
@@ -138,7 +141,8 @@ class PlacementReport(models.Model):
     message = models.TextField()
     chosen = models.JSONField(default=list)
     preferred_note = models.TextField(blank=True)
-    # [{"node", "node_id", "fit", "reason_code", "reason", "slots", "headroom", "numbers"}], in rank order.
+    # Every node's verdict, stored compactly as columns (fleet/reports.py); read them with `rows`. Reports written
+    # before that are a list of row dicts, which `rows` returns as they are.
     verdicts = models.JSONField(default=list)
     requested_by = models.CharField(max_length=150, blank=True)
 
@@ -148,5 +152,20 @@ class PlacementReport(models.Model):
     def __str__(self) -> str:
         return f"placement {self.pk} ({self.subject}: {self.outcome})"
 
+    @cached_property
+    def rows(self) -> list[dict]:
+        """One dict per node (fleet/reports.py), in rank order, with node names and sentences in user units."""
+        ids = reports.node_ids(self.verdicts) if reports.is_compact(self.verdicts) else []
+        names = dict(Node.objects.filter(pk__in=ids).values_list("pk", "name")) if ids else {}
+        return reports.decode(self.verdicts, names)
+
+    @property
+    def summary(self) -> str:
+        return self.verdicts.get("summary", "") if reports.is_compact(self.verdicts) else ""
+
+    @property
+    def counts(self) -> dict:
+        return self.verdicts.get("counts", {}) if reports.is_compact(self.verdicts) else {}
+
     def verdict_for(self, node_name: str) -> dict | None:
-        return next((v for v in self.verdicts if v["node"] == node_name), None)
+        return next((v for v in self.rows if v["node"] == node_name), None)

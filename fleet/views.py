@@ -141,5 +141,5 @@ def sort_verdicts(verdicts: list[dict], sort: str) -> list[dict]:
 def report_detail(request, report_id: int):
     report = get_object_or_404(PlacementReport, pk=report_id)
     sort = request.GET.get("sort", "rank")
-    context = {"report": report, "verdicts": sort_verdicts(report.verdicts, sort), "sort": sort}
+    context = {"report": report, "verdicts": sort_verdicts(report.rows, sort), "sort": sort}
     return render(request, "fleet/report.html", context)

@@ -15,7 +15,6 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from fleet import affinity
 from fleet.models import PlacementReport, SweepState
 from leases import reads, store
 from leases.alerts import raise_alert, resolve_open
@@ -95,13 +94,8 @@ def do_submit_lease(actor, spec: LeaseSpec, *, now: datetime) -> Submitted:
         if spec.groups:
             lease.groups.set(Group.objects.filter(name__in=spec.groups))
         groups = reads.lease_groups(lease) if spec.groups else []
-        excluded = {
-            **plan.excluded,
-            **_missing_capabilities(plan, spec.capabilities),
-            **_group_exclusions(plan, groups),
-        }
-        request = store.request_of(lease, groups, [n.id for n in plan.nodes])
-        decision = plan.scheduler.submit(request, plan.t, excluded)
+        request = store.request_of(lease, groups, plan.nodes)
+        decision = plan.scheduler.submit(request, plan.t, plan.excluded)
         lease.message = decision.message
         lease.save(update_fields=["message"])
         report = _report(plan, lease, decision, actor)
@@ -128,62 +122,11 @@ def do_submit_lease(actor, spec: LeaseSpec, *, now: datetime) -> Submitted:
     return Submitted(lease, decision, report)
 
 
-def _missing_capabilities(plan: store.Planning, needed) -> dict[int, str]:
-    if not needed:
-        return {}
-    need = set(needed)
-    return {
-        n.id: f"missing_capability: lacks {', '.join(sorted(need - set(n.capabilities)))}"
-        for n in plan.nodes
-        if not need <= set(n.capabilities)
-    }
-
-
-def _group_exclusions(plan: store.Planning, groups: list[affinity.GroupMembers]) -> dict[int, str]:
-    """Nodes the lease's hard group rules forbid, with the rule's sentence (the scheduler maps around them)."""
-    names = {n.id: n.name for n in plan.nodes}
-    out: dict[int, str] = {}
-    for group in groups:
-        if not group.members:
-            continue
-        for node_id in names:
-            unfit = affinity.unfit(group, node_id, names=names)
-            if unfit is not None and node_id not in out:
-                out[node_id] = f"{unfit.code}: {unfit.reason}"
-    return out
-
-
 def _report(plan: store.Planning, lease: Lease, decision: Decision, actor) -> PlacementReport:
-    names = {n.id: n.name for n in plan.nodes}
-    verdicts = []
-    for node_id, name in names.items():
-        why = decision.verdicts.get(node_id) if decision.verdicts else None
-        code, _, sentence = (why or "").partition(": ") if why else (None, None, None)
-        if why and not sentence:
-            code, sentence = "reserved", why
-        verdicts.append(
-            {
-                "node": name,
-                "node_id": node_id,
-                "fit": why is None,
-                "reason_code": code,
-                "reason": sentence,
-                "slots": None,
-                "headroom": None,
-                "numbers": {},
-            }
-        )
-    verdicts.sort(key=lambda v: (not v["fit"], v["node"]))
-    return PlacementReport.objects.create(
-        created_at=plan.now,
-        subject=f"lease:{lease.pk}",
-        request={"type": lease.type, "vnodes": lease.vnodes, "duration_s": lease.duration_s},
-        outcome="placed" if decision.accepted else "rejected",
-        message=decision.message,
-        chosen=[],
-        verdicts=verdicts,
-        requested_by=actor_label(actor),
-    )
+    plan.reported.add(lease.pk)
+    row = store.placement_report(plan, lease.pk, message=decision.message, requested_by=actor_label(actor))
+    row.save()
+    return row
 
 
 def do_cancel_lease(actor, lease_id: int, *, now: datetime, reason: str = "") -> Lease:

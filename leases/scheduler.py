@@ -15,8 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from leases.lifecycle import LeaseState, lease_transition
-from leases.scheduling.events import EventLoop
-from leases.scheduling.mapper import size_order
+from leases.scheduling.explain import Explaining
 from leases.scheduling.records import (
     ACTIVE,
     ADVANCE_RESERVATION,
@@ -66,9 +65,9 @@ __all__ = [
 _S = LeaseState
 
 
-class Scheduler(EventLoop):
+class Scheduler(Explaining):
     """The public face: submit, cancel, advance, restore. The layers below it, each a class of its own module:
-    PlanBook (state and changes) <- Mapper <- Backfilling <- Preemption <- EventLoop <- Scheduler."""
+    PlanBook (state and changes) <- Mapper <- Backfilling <- Preemption <- EventLoop <- Explaining <- Scheduler."""
 
     def submit(
         self, req: LeaseRequest, now: float, excluded: Mapping[int, str] | None = None, *, defer: bool = False
@@ -86,7 +85,7 @@ class Scheduler(EventLoop):
         refusal = self._admission_refusal(req, now)
         if refusal:
             self._set_state(rec, _S.REJECTED, now)
-            return Decision(False, req.id, rec.state, refusal, {})
+            return Decision(False, req.id, rec.state, refusal)
         if req.type == BEST_EFFORT:
             return self._submit_best_effort(rec, now, defer)
         return self._submit_fixed(rec, now)
@@ -286,8 +285,7 @@ class Scheduler(EventLoop):
             plan = self._plan_asap(rec, now, allow_future=False)
         if plan is None:
             self._set_state(rec, _S.REJECTED, now)
-            verdicts = self._verdicts(req, start, end)
-            return Decision(False, req.id, rec.state, self._rejection(req, start, end), verdicts)
+            return Decision(False, req.id, rec.state, self._rejection(req, start, end))
         for victim in plan.preempt:
             self._preempt(self.leases[victim], start, now)
         self._commit(rec, plan, now)
@@ -308,24 +306,3 @@ class Scheduler(EventLoop):
             return f"lease {rec.request.id} is {rec.state}"
         nodes = ", ".join(str(n) for n in sorted(set(vm.nodes.values())))
         return f"lease {rec.request.id} runs {self.label(vm.start)}–{self.label(vm.end)} on nodes {nodes}"
-
-    def _verdicts(self, req: LeaseRequest, start: float, end: float) -> dict[int, str | None]:
-        need = req.vnodes[size_order(req.vnodes)[0] - 1]
-        return {node: self._verdict(node, need, start, end) for node in self.table.nodes}
-
-    def _verdict(self, node: int, need: Res, start: float, end: float) -> str | None:
-        if node in self._excluded:
-            return self._excluded[node]
-        if self.table.fits(node, need, start, end):
-            return None
-        wanted = f"cpu {need.cpu} mem {need.mem} over {self.label(start)}–{self.label(end)}"
-        blockers = self.table.blockers(node, need, start, end)
-        if not blockers:
-            cap = self.table.capacity(node)
-            return f"cannot hold {wanted}: capacity is cpu {cap.cpu} mem {cap.mem}"
-        parts = [
-            f"reserved {self.label(b.start)}–{self.label(b.end)} by lease {b.lease_id} "
-            f"({self.leases[b.lease_id].request.type})"
-            for b in blockers
-        ]
-        return f"cannot hold {wanted}: " + "; ".join(parts)

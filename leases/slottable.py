@@ -15,7 +15,7 @@ PURE: no Django; times are plain floats (seconds), injected by the caller.
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Mapping
 
 from leases.slots.lines import (
@@ -227,14 +227,19 @@ class SlotTable:
 
     def free_over(self, node: int, start: float, end: float) -> Res:
         """The least free capacity of each resource at any instant of [start, end) (negative where running work
-        exceeds a capacity that shrank): what a newcomer can have for the whole window."""
+        exceeds a capacity that shrank): what a newcomer can have for the whole window. One `max` over a column
+        slice per resource in use, so explaining a decision over 1,000 nodes stays cheap."""
         _check_interval(start, end)
         cap = self._cap(node)
-        low: Vec | None = None
-        for _a, _b, level in self._line(node).segments(start, end):
-            free = vec_minus(cap, level)
-            low = free if low is None else vec_lowest(low, free)
-        return unvec(low if low is not None else cap)
+        line = self._line(node)
+        times = line.times
+        first = max(bisect_right(times, start) - 1, 0)
+        last = bisect_left(times, end) - 1 if end > start else bisect_right(times, start) - 1
+        peak = [0, 0, 0, 0, 0]
+        if last >= first:
+            for d in line.live:
+                peak[d] = max(line.cols[d][first : last + 1])
+        return Res(cap[0] - peak[0], cap[1] - peak[1], cap[2] - peak[2], cap[3] - peak[3], cap[4] - peak[4])
 
     def blockers(self, node: int, need: Res, start: float, end: float) -> list[Reservation]:
         """The reservations that keep `need` from fitting on [start, end), for messages such as

@@ -15,15 +15,16 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from django.conf import settings
 from django.db import OperationalError, transaction
 
-from fleet import affinity, capacity
+from fleet import affinity, capacity, reports
+from fleet.models import PlacementReport
 from fleet.placement import states_from_rows
 from leases import reads, vnodes
 from leases.alerts import raise_alert
@@ -64,10 +65,11 @@ def scheduler_config() -> SchedulerConfig:
 
 
 def request_of(
-    lease: Lease, groups: Sequence[affinity.GroupMembers] = (), node_ids: Collection[int] = ()
+    lease: Lease, groups: Sequence[affinity.GroupMembers] = (), nodes: Sequence[capacity.NodeState] = ()
 ) -> LeaseRequest:
-    """The scheduler's view of a lease; `groups` (reads.lease_groups) become its spread over nodes."""
-    rules = affinity.spread(groups, node_ids) if groups else affinity.Spread()
+    """The scheduler's view of a lease: its size and times, and what its capabilities and groups (reads.lease_groups)
+    say about the nodes `nodes`: the ones it may never use, and how it spreads over the rest."""
+    rules = affinity.spread(groups, [n.id for n in nodes]) if groups else affinity.Spread()
     return LeaseRequest(
         id=lease.pk,
         type=lease.type,
@@ -80,17 +82,38 @@ def request_of(
         spread=rules.limit,
         taken=rules.taken,
         avoid=rules.avoid,
+        barred=barred_nodes(lease.capabilities or (), groups, nodes),
     )
+
+
+def barred_nodes(
+    capabilities, groups: Sequence[affinity.GroupMembers], nodes: Sequence[capacity.NodeState]
+) -> tuple[tuple[int, str], ...]:
+    """(node id, "code: sentence") for each node the lease may never use: a capability it lacks, or a hard group
+    rule that forbids it (the same rule the approval and the agent's late check apply)."""
+    need = set(capabilities)
+    names = {n.id: n.name for n in nodes}
+    out: dict[int, str] = {}
+    for node in nodes:
+        if need and not need <= node.capabilities:
+            out[node.id] = f"missing_capability: lacks {', '.join(sorted(need - node.capabilities))}"
+            continue
+        for group in groups:
+            unfit = affinity.unfit(group, node.id, names=names) if group.members else None
+            if unfit is not None:
+                out[node.id] = f"{unfit.code}: {unfit.reason}"
+                break
+    return tuple(sorted(out.items()))
 
 
 def record_of(
     lease: Lease,
     reservations: list[Reservation],
     groups: Sequence[affinity.GroupMembers] = (),
-    node_ids: Collection[int] = (),
+    nodes: Sequence[capacity.NodeState] = (),
 ) -> LeaseRecord:
     return LeaseRecord(
-        request=request_of(lease, groups, node_ids),
+        request=request_of(lease, groups, nodes),
         state=LeaseState(lease.state),
         reservations=[
             ReservationRecord(
@@ -149,8 +172,9 @@ def load(nodes: list[capacity.NodeState], next_rid: int) -> Scheduler:
     # capacity has shrunk it is the unstarted plans that no longer fit, and are planned again, never running work.
     live = list(live)
     groups = reads.groups_by_lease([lease.pk for lease in live])
-    ids = [n.id for n in nodes]
-    records = [record_of(lease, by_lease.get(lease.pk, []), groups.get(lease.pk, ()), ids) for lease in live]
+    records = [
+        record_of(lease, by_lease.get(lease.pk, []), groups.get(lease.pk, ()), nodes) for lease in live
+    ]
     records.sort(key=lambda rec: not any(r.status == "active" for r in rec.reservations))
     for rec in records:
         sched.restore(rec)
@@ -197,6 +221,8 @@ class Planning:
     now: datetime
     excluded: dict[int, str]
     nodes: list[capacity.NodeState]
+    # Leases whose placement report the caller wrote; the applier writes one for every other lease placed.
+    reported: set[int] = field(default_factory=set)
 
     @property
     def t(self) -> float:
@@ -242,6 +268,7 @@ def _planning(now: datetime) -> Iterator[Planning]:
         yield plan
         changes = sched.take_changes()
         touched = apply(sched, changes)
+        _report_placed(plan, changes)
         _record_isolated(sched.take_isolated(), now)
         _record_displaced(sched.take_displaced(), nodes, now)
         state.version += 1
@@ -255,6 +282,69 @@ def _planning(now: datetime) -> Iterator[Planning]:
         transaction.on_commit(keep)
         if touched:
             events.send_on_commit("slots-changed", leases=sorted(touched)[:50])
+
+
+def placement_report(
+    plan: Planning, lease_id: int, *, message: str, requested_by: str = "", subject: str = ""
+) -> PlacementReport:
+    """An unsaved report of the scheduler's decision about a lease, every node's verdict in it (docs/capacity.md):
+    over the VM reservation it got, or over the window it asked for (an AR's, or from now) when it got none."""
+    sched = plan.scheduler
+    rec = sched.leases[lease_id]
+    req = rec.request
+    vm = rec.current_vm()
+    chosen: dict[int, Res] = {}
+    if vm is not None:
+        start, end = vm.start, vm.end
+        chosen = sched.alloc_of(rec, vm)
+        outcome = "placed"
+    else:
+        start = req.start if req.start is not None else plan.t
+        end = start + req.duration
+        outcome = "queued" if rec.state in (LeaseState.QUEUED, LeaseState.SUSPENDED_QUEUED) else "rejected"
+    explained = sched.explain(req, start, end, chosen=chosen, excluded=plan.excluded)
+    names = {n.id: n.name for n in plan.nodes}
+    holds = {names.get(v.node, str(v.node)): v.holds for v in explained.verdicts if v.holds and not v.chosen}
+    size = explained.vm
+    summary = reports.summary(
+        {"cpu": size.cpu, "mem": size.mem, "disk": size.disk},
+        explained.count,
+        holds,
+        now=start <= plan.t,
+        window=f"{sched.label(start)}–{sched.label(end)}",
+    )
+    return PlacementReport(
+        created_at=plan.now,
+        subject=subject or f"lease:{lease_id}",
+        request={
+            "type": req.type,
+            "vnodes": [vnodes.as_json(v) for v in req.vnodes],
+            "duration_s": req.duration,
+        },
+        outcome=outcome,
+        message=message,
+        chosen=sorted({names.get(n, str(n)) for n in chosen}),
+        verdicts=reports.encode(explained.verdicts, start=start, end=end, summary=summary),
+        requested_by=requested_by,
+    )
+
+
+def _report_placed(plan: Planning, changes: list[Change]) -> None:
+    """A report for every lease the pass placed that its caller did not report on (the queue placing a lease
+    later, a due reservation placed again), so every placement explains itself."""
+    placed = {
+        c.lease_id
+        for c in changes
+        if c.what == "lease_state" and c.state in (LeaseState.READY, LeaseState.SUSPENDED_SCHEDULED)
+    }
+    rows = []
+    for lease_id in sorted(placed - plan.reported):
+        rec = plan.scheduler.leases.get(lease_id)
+        if rec is None or rec.current_vm() is None:
+            continue
+        rows.append(placement_report(plan, lease_id, message="placed by the queue", requested_by="scheduler"))
+    if rows:
+        PlacementReport.objects.bulk_create(rows)
 
 
 def _record_displaced(
@@ -365,8 +455,8 @@ def _write_reservations(sched: Scheduler, latest: dict[int, ReservationRecord]) 
     )
     changed = []
     for rid, row in existing.items():
-        for field, value in _reservation_fields(latest[rid]).items():
-            setattr(row, field, value)
+        for name, value in _reservation_fields(latest[rid]).items():
+            setattr(row, name, value)
         changed.append(row)
     if changed:
         update_many(changed, ["kind", "start", "end", "status", "nodes", "sources"])

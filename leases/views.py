@@ -201,7 +201,7 @@ def lease_context(request, lease: Lease) -> dict:
         "lease": lease,
         "events": list(lease.events.all()),
         "reservations": with_node_names(list(lease.reservations.order_by("start", "rid"))),
-        "reports": [(r, sort_verdicts(r.verdicts, sort)) for r in reports],
+        "reports": [(r, sort_verdicts(r.rows, sort)) for r in reports],
         "sort": sort,
         # The form is offered until the lease ends; the action says why when it cannot be cancelled after all.
         "cancellable": lease.state not in TERMINAL_LEASE_STATES,

@@ -48,3 +48,8 @@ def as_need(v: Mapping[str, Any], capabilities: Iterable[str], preferred: str | 
         capabilities=frozenset(capabilities),
         preferred_node=preferred,
     )
+
+
+def as_json(r: Res) -> dict[str, Any]:
+    """A slot-table `Res` back as the vnode spec it came from."""
+    return {"cpu_cores": r.cpu / 100, "mem_mib": r.mem, "disk_gib": r.disk}

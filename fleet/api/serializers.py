@@ -7,6 +7,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from fleet import nodestate
+from fleet.capacity import ReasonCode
 from fleet.models import Node, PlacementReport
 from slotkeeper.fields import (
     INT32_MAX,
@@ -26,6 +27,7 @@ MAX_CPU_CORES = 4096
 # A load average or free disk beyond these is a broken agent, not a machine; 1e308 was shown on the board.
 MAX_LOAD1 = 100_000
 MAX_LOG_LINE = 4000
+REASON_CODES = {str(c) for c in ReasonCode}
 NODE_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
 
 
@@ -311,12 +313,26 @@ class PreviewSerializer(StrictSerializer):
 
 
 class VerdictSerializer(serializers.Serializer):
+    """One node's verdict (docs/capacity.md): `fit` exactly when `holds` > 0; otherwise a `reason_code` from the
+    closed list and a `reason` in user units; `numbers` are the short dimension's figures over the window."""
+
     node = serializers.CharField()
+    node_id = serializers.IntegerField(allow_null=True, required=False)
     fit = serializers.BooleanField()
-    reason_code = serializers.CharField(allow_null=True)
+    holds = serializers.IntegerField(
+        required=False, help_text="How many of the request's VMs the node could take."
+    )
+    reason_code = serializers.ChoiceField(choices=sorted(REASON_CODES), allow_null=True)
     reason = serializers.CharField(allow_null=True)
+    rank = serializers.IntegerField(
+        allow_null=True, required=False, help_text="The order the node was tried in."
+    )
+    chosen = serializers.BooleanField(required=False)
     slots = serializers.IntegerField(allow_null=True)
     headroom = serializers.FloatField(allow_null=True)
+    blockers = serializers.ListField(
+        child=serializers.IntegerField(), required=False, help_text="Leases in the way."
+    )
     numbers = serializers.DictField(required=False)
 
 
@@ -332,6 +348,16 @@ class PlacementResultSerializer(serializers.Serializer):
 
 
 class PlacementReportSerializer(serializers.ModelSerializer):
+    summary = serializers.CharField(
+        read_only=True, help_text="What the fleet holds of the request, in one line."
+    )
+    counts = serializers.DictField(
+        child=serializers.IntegerField(),
+        read_only=True,
+        help_text="Nodes evaluated, fit, and per reason code.",
+    )
+    verdicts = VerdictSerializer(source="rows", many=True, read_only=True)
+
     class Meta:
         model = PlacementReport
         fields = [
@@ -341,6 +367,8 @@ class PlacementReportSerializer(serializers.ModelSerializer):
             "request",
             "outcome",
             "message",
+            "summary",
+            "counts",
             "chosen",
             "preferred_note",
             "verdicts",

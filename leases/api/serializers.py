@@ -9,7 +9,7 @@ from django.utils import timezone
 from rest_framework import serializers
 
 from fleet import nodestate
-from fleet.api.serializers import MAX_CPU_CORES, MAX_DISK_GIB, MAX_MEM_MIB
+from fleet.api.serializers import MAX_CPU_CORES, MAX_DISK_GIB, MAX_MEM_MIB, VerdictSerializer
 from fleet.models import Node, PlacementReport
 from leases.models import Group, Lease, LeaseEvent, LeaseType, Reservation
 from slotkeeper.fields import (
@@ -194,9 +194,13 @@ class LeaseEventSerializer(serializers.ModelSerializer):
 
 
 class ReportBriefSerializer(serializers.ModelSerializer):
+    summary = serializers.CharField(read_only=True)
+    counts = serializers.DictField(child=serializers.IntegerField(), read_only=True)
+    verdicts = VerdictSerializer(source="rows", many=True, read_only=True)
+
     class Meta:
         model = PlacementReport
-        fields = ["id", "created_at", "outcome", "message", "verdicts"]
+        fields = ["id", "created_at", "outcome", "message", "summary", "counts", "chosen", "verdicts"]
         read_only_fields = fields
 
 

@@ -63,7 +63,7 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
                     "detail": result.decision.message,
                     "lease": result.lease.pk,
                     "state": result.lease.state,
-                    "verdicts": result.report.verdicts,
+                    "verdicts": result.report.rows,
                 },
                 status=status.HTTP_409_CONFLICT,
             )

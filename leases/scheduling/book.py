@@ -91,6 +91,7 @@ class PlanBook:
         # Per lease id: the smallest vnode, and the suspend/resume estimates, asked for at every queue pass.
         self._smallest: dict[int, Res] = {}
         self._orders: dict[int, list[int]] = {}
+        self._barred: dict[int, frozenset[int]] = {}
         self.timing = Timing(config)
 
     @property

@@ -46,6 +46,12 @@ class Mapper(PlanBook):
             got = self._orders[req.id] = size_order(req.vnodes)
         return got
 
+    def _barred_of(self, req: LeaseRequest) -> frozenset[int]:
+        got = self._barred.get(req.id)
+        if got is None:
+            got = self._barred[req.id] = frozenset(n for n, _ in req.barred)
+        return got
+
     def _smallest_of(self, req: LeaseRequest) -> Res:
         got = self._smallest.get(req.id)
         if got is None:
@@ -131,6 +137,9 @@ class Mapper(PlanBook):
         self, table: SlotTable, req: LeaseRequest, start: float, duration: float, only: set[int] | None
     ) -> list[int]:
         nodes = [n for n in table.nodes if n not in self._excluded and (only is None or n in only)]
+        if req.barred:
+            barred = self._barred_of(req)
+            nodes = [n for n in nodes if n not in barred]
         if self.config.policy_host_selection == "no-policy":
             return nodes
         # A node where not even the smallest vnode fits at `start` can take nothing, so it is left out before

@@ -154,6 +154,9 @@ class LeaseRequest:
     spread: int | None = None
     taken: tuple[tuple[int, int], ...] = ()
     avoid: frozenset[int] = frozenset()
+    # Nodes this lease may never use whatever the time (a missing capability, a hard affinity elsewhere), each
+    # with "code: sentence". Kept with the request, so the queue honours them when it places the lease later.
+    barred: tuple[tuple[int, str], ...] = ()
 
 
 @dataclass
@@ -202,13 +205,12 @@ class LeaseRecord:
 
 @dataclass(frozen=True)
 class Decision:
-    """The answer to submit / cancel; `verdicts` says for every node why it could not help (None = it could)."""
+    """The answer to submit / cancel; `Scheduler.explain` says node by node why (docs/capacity.md)."""
 
     accepted: bool
     lease_id: int
     state: LeaseState
     message: str
-    verdicts: dict[int, str | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -149,7 +149,7 @@ def test_an_operator_submits_an_immediate_lease_of_two_gpu_vms_and_it_runs_on_ta
 
 
 def test_an_immediate_lease_too_big_to_run_now_is_rejected_with_its_reason(page, console):
-    state = submit_lease(page, console, name="im-too-big", type_="immediate", vms=8, mem_mib=16000)
+    state = submit_lease(page, console, name="im-too-big", type_="immediate", vms=8, mem_mib=8192)
     assert state == "rejected"
     assert "rejected" in page.locator(".messages").inner_text()
 
@@ -196,7 +196,7 @@ def test_an_operator_cancels_a_lease_from_its_page(page, console):
 
 def test_an_operator_resolves_an_alert(page, console):
     # A rejected immediate lease raises a failed_placement alert.
-    body = {"name": "alert-maker", "type": "immediate", "duration_s": 600, "nodes": [{"mem_mib": 16000}] * 8}
+    body = {"name": "alert-maker", "type": "immediate", "duration_s": 600, "nodes": [{"mem_mib": 8192}] * 8}
     try:
         console.api("POST", "/api/leases", console.operator_token, body)
     except Exception as exc:  # the API answers 409 for the rejection

@@ -84,17 +84,18 @@ def test_an_advance_reservation_from_the_form_gets_its_exact_window(otto, fleet)
 
 
 def test_an_immediate_lease_of_several_vms_with_capability_group_and_no_preemption(otto, fleet):
-    group = groups.do_create_group(None, now=timezone.now(), name="web", policy="anti_affinity", hard=True)
+    # A soft rule: a hard one would keep the lease's own two VMs apart, and only tank has the gpu.
+    group = groups.do_create_group(None, now=timezone.now(), name="web", policy="anti_affinity", hard=False)
     otto.post(
         reverse("lease-new"),
         lease_form(
-            type="immediate", name="gpu-job", vms="2", cpu_cores="1", mem_mib="2048", capabilities="gpu",
+            type="immediate", name="gpu-job", vms="2", cpu_cores="1", mem_mib="1024", capabilities="gpu",
             groups=group.name, preemptible=None,
         ),
     )  # fmt: skip
     lease = Lease.objects.get(name="gpu-job")
     assert lease.state == "active"
-    assert lease.vnodes == [{"cpu_cores": 1.0, "mem_mib": 2048, "disk_gib": 0}] * 2
+    assert lease.vnodes == [{"cpu_cores": 1.0, "mem_mib": 1024, "disk_gib": 0}] * 2
     assert lease.capabilities == ["gpu"] and lease.preemptible is False
     assert list(lease.groups.values_list("name", flat=True)) == ["web"]
     placed = {int(n) for r in lease.reservations.all() for n in r.nodes.values()}
@@ -103,7 +104,7 @@ def test_an_immediate_lease_of_several_vms_with_capability_group_and_no_preempti
 
 def test_an_immediate_lease_that_cannot_run_now_lands_on_its_page_rejected_with_the_reason(otto, fleet):
     response = otto.post(
-        reverse("lease-new"), lease_form(type="immediate", name="too-big", vms="4", mem_mib="8192")
+        reverse("lease-new"), lease_form(type="immediate", name="too-big", vms="4", mem_mib="2048")
     )
     lease = Lease.objects.get(name="too-big")
     page = page_text(otto.get(response["Location"]))

@@ -120,10 +120,9 @@ def test_a_non_preemptible_lease_is_never_preempted_and_the_ar_is_rejected_inste
     s.submit(be(1, 0, 3600, preemptible=False), 0)
     decision = s.submit(ar(9, 30, 1000, 600), 30)
     assert not decision.accepted
-    assert (
-        decision.verdicts[1]
-        == "cannot hold cpu 100 mem 1024 over 00:16:40–00:26:40: reserved 00:00–01:00 by lease 1 (best_effort)"
-    )
+    (verdict,) = s.explain(s.leases[9].request, 1000, 1600).verdicts
+    assert (verdict.holds, verdict.code, verdict.blockers) == (0, "reserved", (1,))
+    assert (verdict.dim, verdict.need, verdict.free, verdict.allocatable) == ("mem", 1024, 0, 1024)
     assert live(s, 1) == [(0, 3600, [1])]
 
 
@@ -208,7 +207,9 @@ def test_an_immediate_lease_runs_its_whole_duration_now_or_is_rejected(duration,
     assert decision.accepted is accepted
     assert decision.state == (LeaseState.ACTIVE if accepted else LeaseState.REJECTED)
     if not accepted:
-        assert "reserved 00:05–00:15 by lease 9 (advance_reservation)" in (decision.verdicts[1] or "")
+        (verdict,) = s.explain(s.leases[1].request, 0, duration).verdicts
+        # Free now, but not for the whole window: reserved (by the AR), not at capacity.
+        assert (verdict.holds, verdict.code, verdict.blockers) == (0, "reserved", (9,))
         assert s.leases[1].reservations == []
 
 
@@ -221,7 +222,8 @@ def test_excluded_nodes_get_nothing_new_and_their_verdict_is_the_reason():
     assert live(s, 1) == [(0, 600, [2])]
     decision = s.submit(ar(9, 0, 1000, 600, F, F), 0, excluded={1: "draining"})
     assert not decision.accepted
-    assert decision.verdicts == {1: "draining", 2: None}
+    verdicts = s.explain(s.leases[9].request, 1000, 1600, excluded={1: "draining"}).verdicts
+    assert [(v.node, v.holds, v.code) for v in verdicts] == [(1, 0, "draining"), (2, 1, None)]
 
 
 # -- suspension and migration timing (§3.8, §3.12, Q9) ---------------------------------------------------

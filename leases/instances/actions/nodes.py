@@ -70,7 +70,7 @@ def do_preview_placement(actor, data: dict, *, now: datetime) -> dict:
         "message": result.message,
         "preferred_note": result.preferred_note,
         "report": report.pk,
-        "verdicts": report.verdicts,
+        "verdicts": report.rows,
     }
 
 

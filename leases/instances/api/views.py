@@ -114,7 +114,7 @@ class RescheduleSerializer(serializers.ModelSerializer):
     proposed_node = serializers.CharField(
         source="proposed_node.name", default=None, read_only=True, allow_null=True
     )
-    verdicts = serializers.JSONField(source="report.verdicts", default=list, read_only=True)
+    verdicts = serializers.JSONField(source="report.rows", default=list, read_only=True)
     new_instance = serializers.CharField(
         source="new_instance.iid", default=None, read_only=True, allow_null=True
     )

@@ -1,0 +1,208 @@
+"""Placement reports stored compactly, and read back as one row per node. PURE: no Django.
+
+Every decision's report (the scheduler's, fleet/placement.py's) is stored as columns, one list per field with
+one entry per node, plus the few sentences that cannot be rebuilt (an exclusion's own words). The sentence of a
+capacity verdict is written when the report is read, from its code and figures, in user units and with node
+names: a stored dict per node made a 1,000-node report 381 KiB and most of a decision's time (docs/capacity.md).
+
+A row, as the API and the console show it:
+  node, node_id, fit (holds > 0), holds, slots (the same, for older readers), reason_code, reason, rank, chosen,
+  headroom, blockers (lease ids in the way), numbers {dimension, need, free, allocatable, window_start, window_end}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+VERSION = 2
+DIMENSIONS = ("cpu", "mem", "disk")
+_WORDS = {"cpu": "cores", "mem": "memory", "disk": "disk"}
+
+
+class VerdictLike(Protocol):
+    node: int
+    holds: int
+    code: str | None
+    dim: str
+    need: int
+    free: int
+    allocatable: int
+    rank: int | None
+    chosen: bool
+    blockers: tuple[int, ...]
+    note: str
+
+
+def encode(
+    verdicts: Sequence[VerdictLike],
+    *,
+    start: float | None,
+    end: float | None,
+    summary: str,
+    headroom: Sequence[float | None] | None = None,
+) -> dict[str, Any]:
+    """The stored form: columns in node order, codes as indexes into `codes`, the rest sparse."""
+    codes: list[str] = []
+    index: dict[str, int] = {}
+
+    def code_of(code: str | None) -> int:
+        if code is None:
+            return -1
+        if code not in index:
+            index[code] = len(codes)
+            codes.append(code)
+        return index[code]
+
+    counts: dict[str, int] = {"evaluated": len(verdicts), "fit": 0}
+    for v in verdicts:
+        if v.holds:
+            counts["fit"] += 1
+        elif v.code:
+            counts[v.code] = counts.get(v.code, 0) + 1
+    blob: dict[str, Any] = {
+        "v": VERSION,
+        "start": start,
+        "end": end,
+        "summary": summary,
+        "counts": counts,
+        "node": [v.node for v in verdicts],
+        "holds": [v.holds for v in verdicts],
+        "code": [code_of(v.code) for v in verdicts],
+        "codes": codes,
+        "dim": [DIMENSIONS.index(v.dim) for v in verdicts],
+        "need": [v.need for v in verdicts],
+        "free": [v.free for v in verdicts],
+        "alloc": [v.allocatable for v in verdicts],
+        "rank": [v.rank or 0 for v in verdicts],
+        "chosen": [v.node for v in verdicts if v.chosen],
+        "blockers": {str(v.node): list(v.blockers[:5]) for v in verdicts if v.blockers},
+        "notes": {str(v.node): v.note for v in verdicts if v.note},
+    }
+    if headroom is not None:
+        blob["headroom"] = list(headroom)
+    # The same VM on every node: one figure per dimension instead of one per node when they agree.
+    per_dim = {(DIMENSIONS[d], n) for d, n in zip(blob["dim"], blob["need"], strict=True)}
+    if len(per_dim) == len({d for d, _ in per_dim}):
+        blob["need"] = dict(per_dim)
+    return blob
+
+
+def is_compact(stored: Any) -> bool:
+    return isinstance(stored, dict) and stored.get("v") == VERSION
+
+
+def node_ids(stored: Any) -> list[int]:
+    if is_compact(stored):
+        return list(stored["node"])
+    return [v["node_id"] for v in stored or () if v.get("node_id") is not None]
+
+
+def decode(
+    stored: Any, names: Mapping[int, str], when: Callable[[float], str] = lambda t: _iso(t)
+) -> list[dict[str, Any]]:
+    """One dict per node in rank order (chosen first, then fit by rank, then the rest by name). A list stored
+    before reports were compact is returned as it is."""
+    if not is_compact(stored):
+        return list(stored or ())
+    b = stored
+    start, end = b["start"], b["end"]
+    window = (when(start), when(end)) if start is not None and end is not None else (None, None)
+    chosen = set(b["chosen"])
+    need = b["need"]
+    headroom = b.get("headroom")
+    rows = []
+    for i, node in enumerate(b["node"]):
+        dim = DIMENSIONS[b["dim"][i]]
+        wanted = need[dim] if isinstance(need, dict) else need[i]
+        code = b["codes"][b["code"][i]] if b["code"][i] >= 0 else None
+        holds = b["holds"][i]
+        blockers = b["blockers"].get(str(node), [])
+        numbers = {
+            "dimension": dim,
+            "need": _user(dim, wanted),
+            "free": _user(dim, b["free"][i]),
+            "allocatable": _user(dim, b["alloc"][i]),
+            "window_start": window[0],
+            "window_end": window[1],
+        }
+        note = b["notes"].get(str(node))
+        rows.append(
+            {
+                "node": names.get(node, f"node {node}"),
+                "node_id": node,
+                "fit": holds > 0,
+                "holds": holds,
+                "slots": holds,
+                "reason_code": code,
+                "reason": note
+                or (
+                    sentence(code, dim, wanted, b["free"][i], b["alloc"][i], blockers, window)
+                    if code
+                    else None
+                ),
+                "rank": b["rank"][i] or None,
+                "chosen": node in chosen,
+                "headroom": headroom[i] if headroom else None,
+                "blockers": blockers,
+                "numbers": numbers,
+            }
+        )
+    rows.sort(key=lambda r: (not r["chosen"], not r["fit"], r["rank"] or 1 << 30, r["node"]))
+    return rows
+
+
+def sentence(
+    code: str, dim: str, need: int, free: int, allocatable: int, blockers: Iterable[int], window: tuple
+) -> str:
+    """One sentence in user units for a capacity verdict."""
+    what = _WORDS[dim]
+    one = f"one VM needs {_text(dim, need)}"
+    if code == "too_small":
+        return f"allocates at most {_text(dim, allocatable)} of {what} even when empty; {one}"
+    if code == "no_disk":
+        return f"{_text(dim, max(free, 0))} of disk free of {_text(dim, allocatable)} allocatable; {one}"
+    if code == "at_capacity":
+        return (
+            f"{_text(dim, max(free, 0))} of {what} free now of {_text(dim, allocatable)} allocatable; {one}"
+        )
+    if code == "reserved":
+        who = ", ".join(str(b) for b in blockers)
+        held = f"; held by lease{'s' if ',' in who else ''} {who}" if who else ""
+        span = f" over {window[0]}–{window[1]}" if window[0] else ""
+        return f"{_text(dim, max(free, 0))} of {what} free{span} of {_text(dim, allocatable)} allocatable; {one}{held}"
+    if code == "anti_affinity":
+        return "the lease's group allows no more of its VMs on this node"
+    return code.replace("_", " ")
+
+
+def summary(
+    vm: Mapping[str, int], count: int, holds: Mapping[str, int], *, now: bool, window: str = ""
+) -> str:
+    """ "needs 3 × (1 core, 4 GiB); the fleet holds 2 now: n1 1, n2 1" — what would make it fit."""
+    size = ", ".join(_text(d, vm[d]) for d in DIMENSIONS if vm.get(d))
+    total = sum(holds.values())
+    when = "now" if now else f"over {window}" if window else "in its window"
+    top = sorted(holds.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
+    listed = ", ".join(f"{name} {n}" for name, n in top if n)
+    return f"needs {count} × ({size}); the fleet holds {total} {when}" + (f": {listed}" if listed else "")
+
+
+def _user(dim: str, value: int) -> float | int:
+    return round(value / 100, 2) if dim == "cpu" else value
+
+
+def _text(dim: str, value: int) -> str:
+    if dim == "cpu":
+        cores = value / 100
+        return f"{cores:g} core{'' if cores == 1 else 's'}"
+    if dim == "mem":
+        if value >= 1024 and value % 1024 == 0:
+            return f"{value // 1024} GiB"
+        return f"{value:,} MiB"
+    return f"{value:,} GiB"
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")

@@ -1,0 +1,171 @@
+"""Why each node can or cannot take a lease: the one verdict producer of every scheduler decision (submission,
+the queue placing a lease later, a due reservation placed again, the what-if preview).
+
+For a lease and its window, every node gets: how many of the lease's VMs it could hold there (`holds`, given the
+others and the group spread), and when none, one reason code from the closed list in docs/capacity.md with the
+figures behind it (the short dimension: need, free, allocatable) and the leases in the way. Ranks are the order
+the mapper tried the nodes in. PURE: no Django; sentences are written where node names and zones are known
+(fleet/reports.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from fleet.capacity import ReasonCode
+from leases.scheduling.events import EventLoop
+from leases.scheduling.mapper import size_order
+from leases.scheduling.records import LeaseRequest
+from leases.slots.values import vec
+from leases.slottable import Res
+
+# The dimensions a verdict can name, in the order they are checked: disk first (seed 001: a full disk fails every
+# instance on the node), then memory, then cores.
+DIMENSIONS = (("disk", 2), ("mem", 1), ("cpu", 0))
+_INDEX = dict(DIMENSIONS)
+_R = ReasonCode
+
+
+@dataclass(frozen=True, slots=True)
+class NodeVerdict:
+    """One node's answer. `need`, `free` and `allocatable` are in the short dimension's units (cpu: hundredths of
+    a core; mem: MiB; disk: GiB), or of memory when it holds some; `note` carries an exclusion's own sentence."""
+
+    node: int
+    holds: int
+    code: str | None
+    dim: str
+    need: int
+    free: int
+    allocatable: int
+    rank: int | None
+    chosen: bool
+    blockers: tuple[int, ...] = ()
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Explanation:
+    start: float
+    end: float
+    vm: Res  # the largest VM, the one `holds` counts
+    count: int
+    verdicts: tuple[NodeVerdict, ...]  # in node id order
+
+
+class Explaining(EventLoop):
+    def explain(
+        self,
+        req: LeaseRequest,
+        start: float,
+        end: float,
+        *,
+        chosen: Mapping[int, Res] | None = None,
+        excluded: Mapping[int, str] | None = None,
+    ) -> Explanation:
+        """Every node's verdict for `req` over [start, end). `chosen`: what the lease itself holds per node when it
+        was placed (added back, so its own nodes show what they held for it); `excluded`: the nodes ruled out
+        before mapping, with "code: sentence" (default: the last pass's exclusions)."""
+        own = chosen or {}
+        ruled_out = self._excluded if excluded is None else excluded
+        vm = req.vnodes[size_order(req.vnodes)[0] - 1]
+        count = len(req.vnodes)
+        table = self.table
+        ranks = {n: i + 1 for i, n in enumerate(self._host_order(table, req, start, end - start, None))}
+        extra = self._now_extra if start <= self._now else {}
+        taken = dict(req.taken)
+        barred = dict(req.barred)
+        out = []
+        for node in table.nodes:
+            cap = self._capacity[node]
+            why = ruled_out.get(node) or barred.get(node)
+            if why:
+                code, _, note = why.partition(": ")
+                out.append(_verdict(node, 0, code, vm, cap, cap, None, note=note or why))
+                continue
+            if not vm.fits_in(cap):
+                out.append(_verdict(node, 0, _R.TOO_SMALL, vm, cap, cap, None))
+                continue
+            free = table.free_over(node, start, end)
+            if node in own:
+                free = free + own[node]
+            if node in extra:
+                free = free - extra[node]
+            holds = min(_copies(vm, free), count)
+            allowed = count if req.spread is None else max(req.spread - taken.get(node, 0), 0)
+            if holds and not allowed:
+                out.append(_verdict(node, 0, _R.ANTI_AFFINITY, vm, free, cap, ranks.get(node)))
+                continue
+            holds = min(holds, allowed)
+            if holds:
+                out.append(_verdict(node, holds, None, vm, free, cap, ranks.get(node), chosen=node in own))
+                continue
+            dim = _short(vm, free)
+            if dim == "disk":
+                code = _R.NO_DISK
+            elif start <= self._now and not _copies(vm, self._free_now(node, start, own, extra)):
+                code = _R.AT_CAPACITY  # short right now, not only later in the window
+            else:
+                code = _R.RESERVED
+            blockers: tuple[int, ...] = ()
+            if code != _R.NO_DISK:
+                lids = {b.lease_id for b in table.blockers(node, vm, start, end) if b.lease_id != req.id}
+                blockers = tuple(sorted(lids))
+            out.append(_verdict(node, 0, code, vm, free, cap, ranks.get(node), dim=dim, blockers=blockers))
+        return Explanation(start, end, vm, count, tuple(out))
+
+    def _free_now(self, node: int, t: float, own: Mapping[int, Res], extra: Mapping[int, Res]) -> Res:
+        free = self.table.available_at(node, t)
+        if node in own:
+            free = free + own[node]
+        return free - extra[node] if node in extra else free
+
+
+def _copies(vm: Res, free: Res) -> int:
+    need, have = vec(vm), vec(free)
+    best = 1 << 30
+    for _, i in DIMENSIONS:
+        if need[i] > 0:
+            best = min(best, max(have[i], 0) // need[i])
+    return best
+
+
+def _short(vm: Res, free: Res) -> str:
+    """The dimension that runs out first (disk, then memory, then cores when several do)."""
+    need, have = vec(vm), vec(free)
+    for name, i in DIMENSIONS:
+        if need[i] > 0 and have[i] < need[i]:
+            return name
+    return "mem"
+
+
+def _verdict(
+    node: int,
+    holds: int,
+    code: str | None,
+    vm: Res,
+    free: Res,
+    cap: Res,
+    rank: int | None,
+    *,
+    dim: str | None = None,
+    chosen: bool = False,
+    blockers: tuple[int, ...] = (),
+    note: str = "",
+) -> NodeVerdict:
+    if dim is None:
+        dim = _short(vm, cap) if code == _R.TOO_SMALL else "mem"
+    i = _INDEX[dim]
+    need, have, total = vec(vm), vec(free), vec(cap)
+    code = None if code is None else str(code)
+    return NodeVerdict(node, holds, code, dim, need[i], have[i], total[i], rank, chosen, blockers, note)
+
+
+def summary_counts(verdicts: Sequence[NodeVerdict]) -> dict[str, int]:
+    """Nomad-style allocation metrics: nodes evaluated, how many fit, and how many failed for each reason."""
+    counts: dict[str, int] = {"evaluated": len(verdicts), "fit": sum(1 for v in verdicts if v.holds)}
+    for v in verdicts:
+        if v.code:
+            counts[v.code] = counts.get(v.code, 0) + 1
+    return counts
