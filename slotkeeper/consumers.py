@@ -30,7 +30,10 @@ log = logging.getLogger(__name__)
 
 COALESCE_S = 0.05
 # Close code for "the live channel is away, try again later": the page falls back to polling and reconnects.
-TRY_AGAIN_LATER = 1013
+# 4013, the private-use mirror of the standard 1013: Daphne's websocket library (autobahn) sends only 1000 and
+# 3000-4999 and raises on anything else, so a close with 1013 never left the server and the console stayed open
+# on a hub that no longer received anything.
+TRY_AGAIN_LATER = 4013
 # What the channel layer raises when it is away. channels_redis lets redis-py's errors through, and
 # redis.exceptions.ConnectionError derives from RedisError, not from the builtin ConnectionError: catching only
 # ConnectionError/OSError let a stopped Redis fail every console handshake with HTTP 500. TimeoutError: our own
@@ -63,7 +66,7 @@ class Hub:
         self.lock = asyncio.Lock()
 
     async def join(self, console: ConsoleConsumer) -> None:
-        """Raises one of LAYER_AWAY when the channel layer is away (the console then closes with 1013)."""
+        """Raises one of LAYER_AWAY when the channel layer is away (the console is then closed, TRY_AGAIN_LATER)."""
         async with self.lock:
             if self.receiver is None or self.receiver.done():
                 layer = get_channel_layer()
@@ -115,11 +118,15 @@ class Hub:
         except Exception:
             # The layer went away (Redis stopped). Every console is told to come back later; when they reconnect,
             # joining makes a new receiver once the layer answers again, and the pages resync on connect.
-            log.warning("console hub lost the channel layer", exc_info=True)
-            for console in list(self.consoles):
-                with contextlib.suppress(Exception):
+            consoles, self.consoles = list(self.consoles), set()
+            log.warning(
+                "console hub lost the channel layer: closing %d consoles", len(consoles), exc_info=True
+            )
+            for console in consoles:
+                try:
                     await console.close(code=TRY_AGAIN_LATER)
-            self.consoles.clear()
+                except Exception:
+                    log.warning("could not close a console", exc_info=True)
 
     async def _flush(self) -> None:
         # The first change after a quiet spell goes out at once; a burst is coalesced into one message per window.
@@ -152,7 +159,7 @@ def hub() -> Hub:
 class ConsoleConsumer(AsyncWebsocketConsumer):
     # No channel of its own: the hub receives for every console of the process. With the default alias, channels
     # gives each consumer a channel and keeps a receive on it open for the consumer's life; when Redis stopped,
-    # that receive raised inside the consumer, Daphne closed the socket with 1011 (not the 1013 the page expects)
+    # that receive raised inside the consumer, Daphne closed the socket with 1011 (not the "try again later" the page expects)
     # and never called disconnect(), so the client gauge kept counting the dead socket. An alias that names no
     # layer makes channels leave the layer to the hub.
     channel_layer_alias = "console-consumers-use-the-hub"
@@ -179,8 +186,11 @@ class ConsoleConsumer(AsyncWebsocketConsumer):
             await hub().join(self)
         except LAYER_AWAY:
             # The channel layer (Redis) is away: refuse with "try again later" rather than failing the handshake
-            # with a 500; the page falls back to polling and reconnects with backoff.
+            # with a 500; the page falls back to polling and reconnects with backoff. Accepted first, uncounted:
+            # a handshake refused before accept reaches the browser as HTTP 403 and close code 1006, and the page
+            # could not tell "Redis is away" from "the server is gone".
             log.warning("console refused: the channel layer is away", exc_info=True)
+            await self.accept()
             await self.close(code=TRY_AGAIN_LATER)
             return
         await self.accept()

@@ -1,7 +1,7 @@
 // Live console: one websocket per page carrying small "something changed" events. Each live region re-fetches
 // its own fragment (hx-trigger="<event> from:body"). On (re)connect the page first subscribes, then re-fetches
 // everything ("resync"), so nothing that changed while disconnected is missed. When the socket is down (closed
-// with 1013 while Redis is away, or the server is gone), a 5 s polling fallback triggers the same resync; it
+// with 4013 while Redis is away, or the server is gone), a 5 s polling fallback triggers the same resync; it
 // stops once the server says hello again.
 //
 // A fragment is morphed into the page (idiomorph), not swapped whole, and not at all when it renders the same
@@ -18,7 +18,7 @@
   const $ = (id) => document.getElementById(id);
   // The longest wait between reconnection attempts: a console comes back within this of Redis returning.
   const MAX_RETRY_MS = 8000;
-  const TRY_AGAIN_LATER = 1013;
+  const TRY_AGAIN_LATER = 4013;  // slotkeeper/consumers.py: "try again later" (1013 cannot be sent by Daphne)
 
   function setState(text, cls) {
     const el = $("live-state");
@@ -60,7 +60,7 @@
     if (!document.querySelector("[data-live]")) return;
     const scheme = location.protocol === "https:" ? "wss" : "ws";
     socket = new WebSocket(scheme + "://" + location.host + "/ws/console/");
-    // Subscribed only when the server says hello: a socket the server accepts and then closes with 1013 (the
+    // Subscribed only when the server says hello: a socket the server accepts and then closes with 4013 (the
     // channel layer is away) must not count as back, or every console would retry twice a second.
     socket.onmessage = function (msg) {
       let data;
