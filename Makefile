@@ -3,6 +3,7 @@
 PY      := .venv/bin/python
 VENV    := .venv/.installed
 PYTHON  ?= python3
+PORT    ?= 8000
 
 .PHONY: install run test lint schema bench clean
 
@@ -15,7 +16,7 @@ $(VENV): pyproject.toml
 install: $(VENV)
 
 run: $(VENV)
-	$(PY) manage.py demo
+	$(PY) manage.py demo --port $(PORT)
 
 test: $(VENV)
 	$(PY) -m pytest $(PYTEST_ARGS)

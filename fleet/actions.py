@@ -18,7 +18,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Case, Q, Value, When
 
-from fleet import capacity, placement
+from fleet import capacity, nodestate, placement
 from fleet.models import HealthSample, Node, NodeStatus, PlacementReport, SweepState
 from slotkeeper import audit, events, metrics, planlock
 from slotkeeper.domain import DomainError, NotFound
@@ -177,7 +177,9 @@ def do_heartbeat(node: Node, report: HealthReport, *, now: datetime, committed: 
     }
     # Seed 001: an idle node is the only time its own footprint is measured rather than inferred, so remember it.
     if not instances and not committed:
-        fields["idle_baseline_mib"] = report.mem_used_mib
+        fields["idle_baseline_mib"] = nodestate.remembered_baseline(
+            node.idle_baseline_mib, report.mem_used_mib
+        )
     every = settings.SLOTKEEPER["HEALTH_SAMPLE_EVERY_S"]
     sample = node.last_sample_at is None or (now - node.last_sample_at).total_seconds() >= every
     if sample:

@@ -75,10 +75,7 @@ def penalties(groups: Sequence[GroupMembers], names: Mapping[int, str]) -> dict[
         if rule.hard:
             continue
         for node_id, name in names.items():
-            here = len(group.members.get(node_id, ()))
-            if crowded(rule, here) or (
-                rule.policy == AFFINITY and group.members and node_id not in group.members
-            ):
+            if _soft_broken(group, node_id):
                 out[name] = out.get(name, 0) + 1
     return out
 
@@ -94,3 +91,37 @@ def violation(rule: GroupRule, members: Mapping[int, Collection[str]], names: Ma
     if rule.policy == AFFINITY and len(members) > 1:
         return f"members run on {', '.join(sorted(names[n] for n in members))}, not on one node"
     return ""
+
+
+@dataclass(frozen=True)
+class Spread:
+    """The group rules of one lease as its placement takes them: at most `limit` of its VMs on a node, less
+    `taken[node]` (so that its VMs and the group's members already there together stay within every rule); and
+    `avoid`, the nodes a soft rule would rather not use. `limit` None: no anti-affinity rule applies."""
+
+    limit: int | None = None
+    taken: tuple[tuple[int, int], ...] = ()
+    avoid: frozenset[int] = frozenset()
+
+
+def spread(groups: Sequence[GroupMembers], node_ids: Collection[int]) -> Spread:
+    """Hard anti-affinity and max_per_node hold among a lease's own VMs and against the group's other members;
+    soft rules become nodes to try last. Hard affinity is left to `unfit` (the nodes where the group is not)."""
+    hard = [g for g in groups if g.rule.hard and g.rule.policy == ANTI_AFFINITY]
+    avoid = frozenset(n for n in node_ids if any(_soft_broken(g, n) for g in groups if not g.rule.hard))
+    if not hard:
+        return Spread(avoid=avoid)
+    limit = min(g.rule.max_per_node for g in hard)
+    taken = []
+    for node in sorted({n for g in hard for n in g.members}):
+        room = min(g.rule.max_per_node - len(g.members.get(node, ())) for g in hard)
+        if room < limit:
+            taken.append((node, limit - max(room, 0)))
+    return Spread(limit, tuple(taken), avoid)
+
+
+def _soft_broken(group: GroupMembers, node_id: int) -> bool:
+    here = len(group.members.get(node_id, ()))
+    return crowded(group.rule, here) or (
+        group.rule.policy == AFFINITY and bool(group.members) and node_id not in group.members
+    )

@@ -24,6 +24,11 @@ BASELINE_FLOOR_MIB = 2048
 # nodes, and a full disk fails every instance on the node, not just the newest.
 DISK_RESERVE_GIB = 20
 
+# A remembered idle footprint moves only when a new idle reading differs by at least this much. Allocatable
+# memory (and so the slot table's capacity) follows the baseline; a few MiB of jitter per heartbeat would
+# otherwise change a node's capacity, and reload the scheduler, on every heartbeat of every idle node.
+BASELINE_STEP_MIB = 128
+
 # CPU readings older than this rank as zero headroom. Headroom only breaks ties, so staleness demotes a node
 # instead of excluding it; exclusion is the health check's job.
 METRICS_MAX_AGE_S = 60.0
@@ -139,12 +144,32 @@ def committed_mib(observed_mib: int, running_mib: int, pending_mib: int, remembe
 
 
 def node_limits(node: NodeState) -> Limits:
-    """What one instance could get on this node when empty, from declared totals (known even offline)."""
-    return Limits(mem_limit(node), node.disk_total_gib - DISK_RESERVE_GIB, node.cpu_cores)
+    """What one instance could get on this node when empty, from declared totals (known even offline).
+
+    This is the node's *allocatable* capacity (docs/capacity.md): the slot table plans with it, the placer checks
+    against it, and the board and the API show it."""
+    return allocatable(node.cpu_cores, node.mem_total_mib, node.disk_total_gib, node.idle_baseline_mib)
+
+
+def allocatable(
+    cpu_cores: int, mem_total_mib: int, disk_total_gib: int, idle_baseline_mib: int | None
+) -> Limits:
+    """Declared capacity less the host reserve (memory and disk) and the host's remembered own footprint (seed
+    001's rule: the remembered idle reading, never below the floor). Never negative."""
+    mem = mem_total_mib - HOST_RESERVE_MIB - max(idle_baseline_mib or 0, BASELINE_FLOOR_MIB)
+    return Limits(max(mem, 0), max(disk_total_gib - DISK_RESERVE_GIB, 0), max(cpu_cores, 0))
 
 
 def mem_limit(node: NodeState) -> int:
-    return node.mem_total_mib - HOST_RESERVE_MIB - max(node.idle_baseline_mib or 0, BASELINE_FLOOR_MIB)
+    return node_limits(node).mem_mib
+
+
+def remembered_baseline(remembered_mib: int | None, idle_reading_mib: int) -> int:
+    """The idle footprint to remember after an idle reading: the reading, unless it is within BASELINE_STEP_MIB of
+    what is remembered (see there)."""
+    if remembered_mib is None or abs(idle_reading_mib - remembered_mib) >= BASELINE_STEP_MIB:
+        return idle_reading_mib
+    return remembered_mib
 
 
 def headroom_of(node: NodeState) -> float:

@@ -1,24 +1,19 @@
 """Console pages of the fleet: the pieces of the board and the node page (rows with memory as observed and
-committed, totals, the health chart), re-admitting a node, and a stored placement report. The board, the node
-page, the drain and declare-dead show or change what runs on nodes, so they are composed one layer up
-(leases/instances/node_views.py) from these pieces. Every write goes through fleet.actions; the views only check
-the role again (a hidden button is not a permission) and turn a DomainError into a message."""
+committed, totals, the health chart) and a stored placement report. The board, the node page and its forms (drain,
+declare-dead, re-admit) and the placement preview show or change what runs on nodes, so they are composed one
+layer up (leases/instances/node_views.py) from these pieces."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.contrib import messages
-from django.shortcuts import get_object_or_404, redirect, render
-from django.utils import timezone
-from django.views.decorators.http import require_POST
+from django.shortcuts import get_object_or_404, render
 
-from fleet import actions, capacity
+from fleet import capacity
 from fleet.models import HealthSample, Node, NodeStatus, PlacementReport
 from fleet.placement import Claims, snapshot
 from slotkeeper.decorators import role_required
-from slotkeeper.domain import DomainError
 
 STALE_AFTER_S = 30
 
@@ -122,19 +117,6 @@ def chart(samples: list[HealthSample], now: datetime, width: int = 600, height: 
         "last_cpu_pct": round(last.cpu_pct),
         "count": len(samples),
     }
-
-
-@role_required("admin")
-@require_POST
-def readmit(request, node_id: int):
-    try:
-        actions.do_readmit(
-            request.user, node_id, reason=request.POST.get("reason", "").strip(), now=timezone.now()
-        )
-        messages.success(request, "Node re-admitted: it comes back online with its next heartbeat.")
-    except DomainError as exc:
-        messages.error(request, str(exc))
-    return redirect("node-detail", node_id=node_id)
 
 
 SORTS = {

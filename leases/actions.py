@@ -43,6 +43,30 @@ class LeaseSpec:
     # Instance policy: migratable, restart_policy, max_reschedules, auto_approve_reschedules, driver, spec.
     policy: dict = field(default_factory=dict)
 
+    @classmethod
+    def from_request(cls, data: dict) -> LeaseSpec:
+        """The spec of a validated lease request (leases/api/serializers.py's LeaseCreateSerializer), as the API
+        and the console's form both submit it."""
+        return cls(
+            name=data["name"],
+            type=data["type"],
+            duration_s=data["duration_s"],
+            vnodes=[dict(v) for v in data["nodes"]],
+            start=data["start"],
+            capabilities=tuple(data["capabilities"]),
+            preemptible=data["preemptible"],
+            real_duration_s=data["real_duration_s"],
+            groups=tuple(data["groups"]),
+            policy={
+                "migratable": data["migratable"],
+                "restart_policy": dict(data["restart_policy"]),
+                "max_reschedules": data["max_reschedules"],
+                "auto_approve_reschedules": data["auto_approve_reschedules"],
+                "driver": data["driver"],
+                "spec": dict(data["spec"]),
+            },
+        )
+
 
 @dataclass
 class Submitted:
@@ -70,12 +94,14 @@ def do_submit_lease(actor, spec: LeaseSpec, *, now: datetime) -> Submitted:
         )
         if spec.groups:
             lease.groups.set(Group.objects.filter(name__in=spec.groups))
+        groups = reads.lease_groups(lease) if spec.groups else []
         excluded = {
             **plan.excluded,
             **_missing_capabilities(plan, spec.capabilities),
-            **_group_exclusions(plan, lease),
+            **_group_exclusions(plan, groups),
         }
-        decision = plan.scheduler.submit(store.request_of(lease), plan.t, excluded)
+        request = store.request_of(lease, groups, [n.id for n in plan.nodes])
+        decision = plan.scheduler.submit(request, plan.t, excluded)
         lease.message = decision.message
         lease.save(update_fields=["message"])
         report = _report(plan, lease, decision, actor)
@@ -113,11 +139,11 @@ def _missing_capabilities(plan: store.Planning, needed) -> dict[int, str]:
     }
 
 
-def _group_exclusions(plan: store.Planning, lease: Lease) -> dict[int, str]:
+def _group_exclusions(plan: store.Planning, groups: list[affinity.GroupMembers]) -> dict[int, str]:
     """Nodes the lease's hard group rules forbid, with the rule's sentence (the scheduler maps around them)."""
     names = {n.id: n.name for n in plan.nodes}
     out: dict[int, str] = {}
-    for group in reads.lease_groups(lease):
+    for group in groups:
         if not group.members:
             continue
         for node_id in names:

@@ -3,9 +3,13 @@ groups a lease belongs to as the pure group rules take them (fleet/affinity.py).
 
 from __future__ import annotations
 
+from datetime import datetime
+
+from django.db.models import Sum
+
 from fleet import affinity
 from leases.lifecycle import LIVE_INSTANCE_STATES
-from leases.models import Group, Instance, Lease, SchedulerState
+from leases.models import Allocation, Group, Instance, Lease, SchedulerState
 from slotkeeper.domain import NotFound
 
 LIVE = [s.value for s in LIVE_INSTANCE_STATES]
@@ -47,3 +51,34 @@ def lease_groups(lease: Lease) -> list[affinity.GroupMembers]:
         )
         for g in lease.groups.all()
     ]
+
+
+def committed_now(now: datetime, node_ids=None) -> dict[int, tuple[float, int, int]]:
+    """What the slot table holds on each node at `now` (cores, MiB, GiB), one query for any number of nodes:
+    the `committed` figure of the node API, the board and the node page (docs/capacity.md)."""
+    rows = Allocation.objects.filter(live=True, start__lte=now, end__gt=now)
+    if node_ids is not None:
+        rows = rows.filter(node_id__in=node_ids)
+    sums = rows.values("node_id").annotate(cpu=Sum("cpu"), mem=Sum("mem_mib"), disk=Sum("disk_gib"))
+    return {r["node_id"]: (r["cpu"] / 100, r["mem"], r["disk"]) for r in sums}
+
+
+def groups_by_lease(lease_ids) -> dict[int, list[affinity.GroupMembers]]:
+    """lease_groups for many leases in three queries, whatever their number (the scheduler's reload)."""
+    links = list(
+        Lease.groups.through.objects.filter(lease_id__in=lease_ids).values_list("lease_id", "group_id")
+    )
+    if not links:
+        return {}
+    groups = {g.pk: g for g in Group.objects.filter(pk__in={gid for _, gid in links})}
+    members: dict[int, dict[int, list[str]]] = {gid: {} for gid in groups}
+    rows = Instance.objects.filter(lease__groups__in=list(groups), state__in=LIVE).values_list(
+        "lease__groups", "node_id", "iid"
+    )
+    for gid, node_id, iid in rows:
+        if gid in members and node_id is not None:
+            members[gid].setdefault(node_id, []).append(iid)
+    out: dict[int, list[affinity.GroupMembers]] = {}
+    for lease_id, gid in links:
+        out.setdefault(lease_id, []).append(affinity.GroupMembers(group_rule(groups[gid]), members[gid]))
+    return out

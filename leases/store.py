@@ -14,7 +14,8 @@ the plan lock touches the cached object, so threads of one process can share it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import math
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -22,9 +23,9 @@ from datetime import UTC, datetime
 from django.conf import settings
 from django.db import OperationalError, transaction
 
-from fleet import capacity
+from fleet import affinity, capacity
 from fleet.placement import states_from_rows
-from leases import vnodes
+from leases import reads, vnodes
 from leases.alerts import raise_alert
 from leases.instance_rows import present_instances, sync_lease_instances
 from leases.lifecycle import TERMINAL_LEASE_STATES, LeaseState
@@ -53,14 +54,20 @@ def from_epoch(t: float) -> datetime:
 
 
 def node_capacity(node: capacity.NodeState) -> Res:
-    return Res(cpu=node.cpu_cores * 100, mem=node.mem_total_mib, disk=node.disk_total_gib)
+    """What the slot table plans with on a node: its allocatable capacity (docs/capacity.md)."""
+    limits = capacity.node_limits(node)
+    return Res(cpu=limits.cpu_cores * 100, mem=limits.mem_mib, disk=limits.disk_gib)
 
 
 def scheduler_config() -> SchedulerConfig:
     return SchedulerConfig.from_options(getattr(settings, "SLOTKEEPER_SCHEDULING", {}))
 
 
-def request_of(lease: Lease) -> LeaseRequest:
+def request_of(
+    lease: Lease, groups: Sequence[affinity.GroupMembers] = (), node_ids: Collection[int] = ()
+) -> LeaseRequest:
+    """The scheduler's view of a lease; `groups` (reads.lease_groups) become its spread over nodes."""
+    rules = affinity.spread(groups, node_ids) if groups else affinity.Spread()
     return LeaseRequest(
         id=lease.pk,
         type=lease.type,
@@ -70,12 +77,20 @@ def request_of(lease: Lease) -> LeaseRequest:
         vnodes=tuple(vnodes.as_res(v) for v in lease.vnodes),
         preemptible=lease.preemptible,
         real_duration=lease.real_duration_s,
+        spread=rules.limit,
+        taken=rules.taken,
+        avoid=rules.avoid,
     )
 
 
-def record_of(lease: Lease, reservations: list[Reservation]) -> LeaseRecord:
+def record_of(
+    lease: Lease,
+    reservations: list[Reservation],
+    groups: Sequence[affinity.GroupMembers] = (),
+    node_ids: Collection[int] = (),
+) -> LeaseRecord:
     return LeaseRecord(
-        request=request_of(lease),
+        request=request_of(lease, groups, node_ids),
         state=LeaseState(lease.state),
         reservations=[
             ReservationRecord(
@@ -114,7 +129,8 @@ _cache = _Cache()
 
 
 def fleet_fingerprint(nodes: list[capacity.NodeState]) -> tuple:
-    return tuple((n.id, n.cpu_cores, n.mem_total_mib, n.disk_total_gib) for n in nodes)
+    """The nodes and their allocatable capacities: a change to either makes a cached scheduler stale."""
+    return tuple((n.id, node_capacity(n)) for n in nodes)
 
 
 def load(nodes: list[capacity.NodeState], next_rid: int) -> Scheduler:
@@ -129,10 +145,39 @@ def load(nodes: list[capacity.NodeState], next_rid: int) -> Scheduler:
     by_lease: dict[int, list[Reservation]] = {}
     for r in Reservation.objects.filter(lease__in=live).order_by("start", "rid"):
         by_lease.setdefault(r.lease_id, []).append(r)
-    for lease in live:
-        sched.restore(record_of(lease, by_lease.get(lease.pk, [])))
+    # Leases with work under way first: what runs is in the table before any plan for later, so that when a node's
+    # capacity has shrunk it is the unstarted plans that no longer fit, and are planned again, never running work.
+    live = list(live)
+    groups = reads.groups_by_lease([lease.pk for lease in live])
+    ids = [n.id for n in nodes]
+    records = [record_of(lease, by_lease.get(lease.pk, []), groups.get(lease.pk, ()), ids) for lease in live]
+    records.sort(key=lambda rec: not any(r.status == "active" for r in rec.reservations))
+    for rec in records:
+        sched.restore(rec)
     sched.continue_rids_after(next_rid)
     return sched
+
+
+def observed_extra(
+    nodes: list[capacity.NodeState], sched: Scheduler, t: float, excluded: Mapping[int, str]
+) -> dict[int, Res]:
+    """The now-gate's figures (docs/capacity.md): per usable node, the memory it is observed to use beyond its
+    remembered baseline and what the plan holds there now, and the disk it is short of what the plan thinks is
+    free. Seed 001's rule: a node is charged the worse of observed and committed use."""
+    out: dict[int, Res] = {}
+    for node in nodes:
+        if node.id in excluded or node.observed_mem_used_mib is None or node.id not in sched.table.nodes:
+            continue
+        planned = sched.table.used_at(node.id, t)
+        baseline = max(node.idle_baseline_mib or 0, capacity.BASELINE_FLOOR_MIB)
+        mem = max(0, node.observed_mem_used_mib - baseline - planned.mem)
+        disk = 0
+        if node.disk_free_gib is not None:
+            plan_free = capacity.node_limits(node).disk_gib - planned.disk
+            disk = max(0, math.ceil(plan_free - (node.disk_free_gib - capacity.DISK_RESERVE_GIB)))
+        if mem or disk:
+            out[node.id] = Res(mem=mem, disk=disk)
+    return out
 
 
 def excluded_nodes(nodes: list[capacity.NodeState]) -> dict[int, str]:
@@ -192,11 +237,13 @@ def _planning(now: datetime) -> Iterator[Planning]:
         else:
             sched = load(nodes, state.next_rid)
         plan = Planning(scheduler=sched, now=now, excluded=excluded_nodes(nodes), nodes=nodes)
-        sched.isolate_broken(plan.t)
+        sched.settle(plan.t)
+        sched.observe(observed_extra(nodes, sched, plan.t, plan.excluded))
         yield plan
         changes = sched.take_changes()
         touched = apply(sched, changes)
         _record_isolated(sched.take_isolated(), now)
+        _record_displaced(sched.take_displaced(), nodes, now)
         state.version += 1
         state.next_rid = sched.next_rid
         state.save(update_fields=["version", "next_rid"])
@@ -208,6 +255,25 @@ def _planning(now: datetime) -> Iterator[Planning]:
         transaction.on_commit(keep)
         if touched:
             events.send_on_commit("slots-changed", leases=sorted(touched)[:50])
+
+
+def _record_displaced(
+    displaced: list[tuple[int, int, str]], nodes: list[capacity.NodeState], now: datetime
+) -> None:
+    """Says on each lease why its plan changed when a node's allocatable capacity shrank under it."""
+    names = {n.id: n.name for n in nodes}
+    for lease_id, node_id, outcome in displaced:
+        node = names.get(node_id, f"node {node_id}")
+        reason = f"its reservation no longer fit {node}, whose allocatable capacity shrank"
+        if outcome == "failed":
+            continue  # isolated: _record_isolated says so, with an alert
+        lease = Lease.objects.filter(pk=lease_id).first()
+        if lease is None:
+            continue
+        lease.message = f"{reason}; {'queued again' if outcome == 'queued again' else 'moved to other nodes'}"
+        lease.save(update_fields=["message"])
+        audit.record(at=now, actor=None, action="lease.replace", target=lease, reason=reason)
+        log.warning("lease displaced", extra={"lease": lease_id, "node": node, "outcome": outcome})
 
 
 def _record_isolated(isolated: list[tuple[int, str]], now: datetime) -> None:

@@ -1,5 +1,7 @@
-"""Console pages of leases: the slot table (nodes × time, server-rendered SVG), the lease list and a lease's page.
-Each URL also serves its live fragment to htmx, re-fetched on "slots-changed" / "lease-changed" events."""
+"""Console pages of leases: the slot table (nodes × time, server-rendered SVG), the lease list and a lease's page,
+and the forms that submit and cancel a lease. Each page URL also serves its live fragment to htmx, re-fetched on
+"slots-changed" / "lease-changed" events. The forms are validated by the API's serializers (leases/forms.py) and
+write only through leases/actions.py; the role is checked again here (a hidden button is not a permission)."""
 
 from __future__ import annotations
 
@@ -7,18 +9,23 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from django.shortcuts import get_object_or_404, render
+from django.contrib import messages
+from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.utils.html import escape
 from django.utils.safestring import mark_safe
+from django.views.decorators.http import require_POST
 from django.views.decorators.vary import vary_on_headers
 
 from fleet.models import Node, PlacementReport
 from fleet.views import sort_verdicts
-from leases.models import Allocation, Lease, Reservation
+from leases import actions, forms
+from leases.lifecycle import TERMINAL_LEASE_STATES
+from leases.models import Allocation, Group, Lease, LeaseType, Reservation
 from slotkeeper.decorators import role_required
+from slotkeeper.domain import DomainError
 
 ZOOMS = {
     "1h": timedelta(hours=1),
@@ -224,20 +231,80 @@ def with_node_names(reservations: list[Reservation]) -> list[tuple[Reservation, 
     ]
 
 
-@role_required("viewer")
-@vary_on_headers("HX-Request")
-def lease_detail(request, lease_id: int):
-    lease = get_object_or_404(Lease, pk=lease_id)
+def lease_context(request, lease: Lease) -> dict:
     sort = request.GET.get("sort", "rank")
     reports = list(
         PlacementReport.objects.filter(subject=f"lease:{lease.pk}").order_by("-created_at", "-id")[:REPORTS]
     )
-    context = {
+    return {
         "lease": lease,
         "events": list(lease.events.all()),
         "reservations": with_node_names(list(lease.reservations.order_by("start", "rid"))),
         "reports": [(r, sort_verdicts(r.verdicts, sort)) for r in reports],
         "sort": sort,
+        # The form is offered until the lease ends; the action says why when it cannot be cancelled after all.
+        "cancellable": lease.state not in TERMINAL_LEASE_STATES,
     }
+
+
+@role_required("viewer")
+@vary_on_headers("HX-Request")
+def lease_detail(request, lease_id: int):
+    lease = get_object_or_404(Lease, pk=lease_id)
     template = "leases/_lease_body.html" if request.htmx else "leases/detail.html"
-    return render(request, template, context)
+    return render(request, template, lease_context(request, lease))
+
+
+@role_required("operator")
+def lease_new(request):
+    """The lease request form: its three types, several VMs of one size, capabilities, groups, preemptible. A
+    submission lands on the lease's page with its decision and placement report, accepted or not."""
+    if request.method == "POST":
+        checked = forms.check_lease(request.POST)
+        if checked.ok:
+            try:
+                result = actions.do_submit_lease(
+                    request.user, actions.LeaseSpec.from_request(checked.data), now=timezone.now()
+                )
+            except DomainError as exc:
+                checked.add("form", str(exc))
+            else:
+                lease = result.lease
+                if result.decision.accepted:
+                    messages.success(request, f"Lease {lease.pk} {lease.name}: {result.decision.message}")
+                else:
+                    messages.error(
+                        request, f"Lease {lease.pk} {lease.name} rejected: {result.decision.message}"
+                    )
+                return redirect("lease-detail", lease_id=lease.pk)
+        return render(
+            request, "leases/new.html", lease_form_context(checked.values, checked.errors), status=400
+        )
+    return render(request, "leases/new.html", lease_form_context(dict(forms.DEFAULTS), {}))
+
+
+def lease_form_context(values: dict, errors: dict) -> dict:
+    return {
+        "values": values,
+        "errors": errors,
+        "types": LeaseType.choices,
+        "groups": list(Group.objects.order_by("name").values_list("name", flat=True)),
+    }
+
+
+@role_required("operator")
+@require_POST
+def lease_cancel(request, lease_id: int):
+    lease = get_object_or_404(Lease, pk=lease_id)
+    checked = forms.check_cancel(request.POST)
+    if not checked.ok:
+        context = {**lease_context(request, lease), "cancel": checked}
+        return render(request, "leases/detail.html", context, status=400)
+    try:
+        lease = actions.do_cancel_lease(
+            request.user, lease.pk, now=timezone.now(), reason=checked.data["reason"]
+        )
+        messages.success(request, f"Lease {lease.pk} {lease.name} cancelled.")
+    except DomainError as exc:
+        messages.error(request, str(exc))
+    return redirect("lease-detail", lease_id=lease.pk)

@@ -1,8 +1,10 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.http import HttpResponsePermanentRedirect
+from django.templatetags.static import static
 from django.urls import include, path, re_path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from django.views.generic import RedirectView
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
 from fleet import views as fleet_views
@@ -21,6 +23,7 @@ from leases.instances.api.views import (
 )
 from slotkeeper import ops
 from slotkeeper import views as console_views
+from slotkeeper.decorators import role_required
 
 
 class Router(DefaultRouter):
@@ -43,12 +46,18 @@ router.register("reschedules", RescheduleViewSet, basename="reschedule")
 router.register("groups", GroupViewSet, basename="group")
 router.register("alerts", AlertViewSet, basename="alert")
 
+# The docs are HTML pages for people: signed out, they redirect to the sign-in page (and back), as every console
+# page does, instead of answering the API's JSON 401. The schema itself stays an API endpoint (401/403 JSON).
+swagger_ui = role_required("viewer")(SpectacularSwaggerView.as_view(url_name="schema"))
+redoc = role_required("viewer")(SpectacularRedocView.as_view(url_name="schema"))
+
 api_urls = [
     path("placement/preview", PlacementPreviewView.as_view(), name="placement-preview"),
     path("slots/", SlotsView.as_view(), name="slots"),
     path("nodes/<int:node_id>/drain-progress", DrainProgressView.as_view(), name="drain-progress"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("docs/", swagger_ui, name="api-docs"),
+    path("redoc/", redoc, name="api-redoc"),
     # The router's names live in their own namespace ("api:node-detail"): un-namespaced, "node-detail" and
     # "lease-detail" would shadow the console's pages of the same name, and every console link went to JSON.
     path("", include((router.urls, "api"))),
@@ -68,11 +77,14 @@ urlpatterns = [
     path("nodes/<int:node_id>/drain", node_views.drain, name="node-drain"),
     path("nodes/<int:node_id>/drain/preview", node_views.drain_preview, name="node-drain-preview"),
     path("nodes/<int:node_id>/declare-dead", node_views.declare_dead, name="node-declare-dead"),
-    path("nodes/<int:node_id>/readmit", fleet_views.readmit, name="node-readmit"),
+    path("nodes/<int:node_id>/readmit", node_views.readmit, name="node-readmit"),
+    path("placement/preview", node_views.placement_preview, name="placement-preview-form"),
     path("placement/<int:report_id>/", fleet_views.report_detail, name="placement-report"),
     path("slots/", lease_views.slot_table, name="slot-table"),
     path("leases/", lease_views.lease_list, name="lease-list"),
+    path("leases/new", lease_views.lease_new, name="lease-new"),
     path("leases/<int:lease_id>/", lease_views.lease_detail, name="lease-detail"),
+    path("leases/<int:lease_id>/cancel", lease_views.lease_cancel, name="lease-cancel"),
     path("instances/", instance_views.instance_list, name="instance-list"),
     path("instances/<str:iid>/", instance_views.instance_detail, name="instance-detail"),
     path("reschedules/", instance_views.reschedule_list, name="reschedule-list"),
@@ -83,6 +95,7 @@ urlpatterns = [
     path("reschedules/approve", instance_views.reschedule_approve, name="reschedule-approve"),
     path("reschedules/<int:pk>/reject", instance_views.reschedule_reject, name="reschedule-reject"),
     path("alerts/", instance_views.alert_list, name="alert-list"),
+    path("alerts/<int:pk>/resolve", instance_views.alert_resolve, name="alert-resolve"),
     path("nodes/<int:node_id>/drain-progress/", instance_views.drain_progress, name="node-drain-progress"),
     path("audit/", console_views.audit_feed, name="audit-feed"),
     path("audit.csv", console_views.audit_csv, name="audit-csv"),
@@ -91,6 +104,9 @@ urlpatterns = [
     re_path(r"^admin/leases/(?P<rest>(?:reschedule|restartrecord)/.*)$", moved_admin),
     path("admin/", admin.site.urls),
     path("api/", include(api_urls)),
+    # Browsers ask for /favicon.ico on every page that names none (the admin, the API docs): a redirect to the
+    # console's icon instead of a 404 in every log.
+    path("favicon.ico", RedirectView.as_view(url=static("console/favicon.svg"), permanent=True)),
     path("healthz", ops.healthz, name="healthz"),
     path("readyz", ops.readyz, name="readyz"),
     path("metrics", ops.metrics, name="metrics"),

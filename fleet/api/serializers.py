@@ -6,6 +6,7 @@ from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from fleet import nodestate
 from fleet.models import Node, PlacementReport
 from slotkeeper.fields import (
     INT32_MAX,
@@ -28,8 +29,27 @@ MAX_LOG_LINE = 4000
 NODE_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
 
 
+class ResourcesSerializer(serializers.Serializer):
+    cpu_cores = serializers.FloatField()
+    mem_mib = serializers.IntegerField()
+    disk_gib = serializers.IntegerField()
+
+
+def resources(cpu_cores: float, mem_mib: int, disk_gib: int) -> dict:
+    return {"cpu_cores": cpu_cores, "mem_mib": mem_mib, "disk_gib": disk_gib}
+
+
 class NodeSerializer(serializers.ModelSerializer):
+    """A node with its capacity figures (docs/capacity.md): `allocatable` (declared less the host reserve and
+    baseline), `committed` (what the slot table holds on it now) and `free_now` (the difference, negative when
+    running work exceeds allocatable, which `over_allocatable` flags). `committed` comes from the caller's context
+    (`committed`: node id -> (cores, MiB, GiB)), read in one query by the layer that knows leases."""
+
     drained_by = serializers.SerializerMethodField()
+    allocatable = serializers.SerializerMethodField()
+    committed = serializers.SerializerMethodField()
+    free_now = serializers.SerializerMethodField()
+    over_allocatable = serializers.SerializerMethodField()
     health_age_s = serializers.SerializerMethodField()
     observed = serializers.SerializerMethodField()
     fenced = serializers.BooleanField(read_only=True)
@@ -55,6 +75,10 @@ class NodeSerializer(serializers.ModelSerializer):
             "health_age_s",
             "observed",
             "idle_baseline_mib",
+            "allocatable",
+            "committed",
+            "free_now",
+            "over_allocatable",
             "fenced",
             "fenced_at",
             "fence_reason",
@@ -62,6 +86,30 @@ class NodeSerializer(serializers.ModelSerializer):
             "version",
         ]
         read_only_fields = fields
+
+    def _figures(self, node: Node) -> tuple[tuple[float, int, int], tuple[float, int, int]]:
+        limits = nodestate.allocatable(
+            node.cpu_cores, node.mem_total_mib, node.disk_total_gib, node.idle_baseline_mib
+        )
+        committed = self.context.get("committed", {}).get(node.pk, (0.0, 0, 0))
+        return (float(limits.cpu_cores), limits.mem_mib, limits.disk_gib), committed
+
+    @extend_schema_field(ResourcesSerializer)
+    def get_allocatable(self, node: Node) -> dict:
+        return resources(*self._figures(node)[0])
+
+    @extend_schema_field(ResourcesSerializer)
+    def get_committed(self, node: Node) -> dict:
+        return resources(*self._figures(node)[1])
+
+    @extend_schema_field(ResourcesSerializer)
+    def get_free_now(self, node: Node) -> dict:
+        (cpu, mem, disk), (c_cpu, c_mem, c_disk) = self._figures(node)
+        return resources(round(cpu - c_cpu, 2), mem - c_mem, disk - c_disk)
+
+    def get_over_allocatable(self, node: Node) -> bool:
+        (cpu, mem, disk), (c_cpu, c_mem, c_disk) = self._figures(node)
+        return c_cpu > cpu + 1e-9 or c_mem > mem or c_disk > disk
 
     def get_drained_by(self, node: Node) -> str | None:
         return node.drained_by.get_username() if node.drained_by_id else None

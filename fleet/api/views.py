@@ -40,6 +40,14 @@ class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
             return [IsAdmin()]
         return [IsViewer()]
 
+    def node_data(self, node: Node) -> dict:
+        """One node as the API shows it, with the figures the layer above adds to the context."""
+        return dict(s.NodeSerializer(node, context=self.node_context([node.pk])).data)
+
+    def node_context(self, node_ids) -> dict:
+        """The serializer's context; the instances layer adds each node's `committed` figures."""
+        return {"request": self.request, "view": self}
+
     def get_queryset(self):
         qs = super().get_queryset()
         params = self.request.query_params
@@ -53,7 +61,7 @@ class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
     def create(self, request):
         data = validated(s.NodeWriteSerializer, request.data)
         node, token = actions.do_register_node(request.user, now=timezone.now(), **data)
-        body = s.NodeSerializer(node).data
+        body = self.node_data(node)
         body["token"] = token
         return Response(body, status=status.HTTP_201_CREATED)
 
@@ -64,21 +72,21 @@ class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
         node = actions.do_update_node(
             request.user, self._pk(pk), dict(ser.validated_data), now=timezone.now()
         )
-        return Response(s.NodeSerializer(node).data)
+        return Response(self.node_data(node))
 
     @extend_schema(request=s.NodeWriteSerializer, responses={200: s.NodeSerializer})
     def update(self, request, pk=None):
         ser = s.NodeWriteSerializer(data=request.data, node_id=self._pk(pk))
         ser.is_valid(raise_exception=True)
         node = actions.do_update_node(request.user, self._pk(pk), ser.validated_data, now=timezone.now())
-        return Response(s.NodeSerializer(node).data)
+        return Response(self.node_data(node))
 
     @extend_schema(request=s.OptionalReasonSerializer, responses={200: s.NodeSerializer})
     @action(detail=True, methods=["post"])
     def undrain(self, request, pk=None):
         reason = validated(s.OptionalReasonSerializer, request.data)["reason"]
         node = actions.do_undrain(request.user, self._pk(pk), reason=reason, now=timezone.now())
-        return Response(s.NodeSerializer(node).data)
+        return Response(self.node_data(node))
 
     @extend_schema(
         request=s.ReasonSerializer,
@@ -89,13 +97,13 @@ class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
         """Takes back a node that was declared dead (fenced): it is offline until its next heartbeat."""
         reason = validated(s.ReasonSerializer, request.data)["reason"]
         node = actions.do_readmit(request.user, self._pk(pk), reason=reason, now=timezone.now())
-        return Response(s.NodeSerializer(node).data)
+        return Response(self.node_data(node))
 
     @extend_schema(request=None, responses={200: s.NodeCreatedSerializer})
     @action(detail=True, methods=["post"], url_path="rotate-token")
     def rotate_token(self, request, pk=None):
         token = actions.do_rotate_token(request.user, self._pk(pk), now=timezone.now())
-        body = s.NodeSerializer(actions.get_node(self._pk(pk))).data
+        body = self.node_data(actions.get_node(self._pk(pk)))
         body["token"] = token
         return Response(body)
 

@@ -8,6 +8,7 @@ from datetime import timedelta
 from django.utils import timezone
 from rest_framework import serializers
 
+from fleet import nodestate
 from fleet.api.serializers import MAX_CPU_CORES, MAX_DISK_GIB, MAX_MEM_MIB
 from fleet.models import Node, PlacementReport
 from leases.models import Group, Lease, LeaseEvent, LeaseType, Reservation
@@ -131,25 +132,29 @@ class LeaseCreateSerializer(StrictSerializer):
         return attrs
 
     def _check_sizes(self, vnodes):
-        largest = Node.objects.exclude(status="dead").order_by("-mem_total_mib").first()
-        if largest is None:
-            raise serializers.ValidationError({"nodes": "The fleet has no nodes yet."})
-        biggest = Node.objects.exclude(status="dead").values_list(
-            "cpu_cores", "mem_total_mib", "disk_total_gib"
+        """Each VM must fit on one node's allocatable capacity (docs/capacity.md): larger can never be placed."""
+        rows = Node.objects.exclude(status="dead").values_list(
+            "name", "cpu_cores", "mem_total_mib", "disk_total_gib", "idle_baseline_mib"
         )
-        max_cpu = max(c for c, _, _ in biggest)
-        max_disk = max(d for _, _, d in biggest)
+        limits = [(name, nodestate.allocatable(*figures)) for name, *figures in rows]
+        if not limits:
+            raise serializers.ValidationError({"nodes": "The fleet has no nodes yet."})
+        name, largest = max(limits, key=lambda item: item[1].mem_mib)
+        max_cpu = max(lim.cpu_cores for _, lim in limits)
+        max_disk = max(lim.disk_gib for _, lim in limits)
         errors = {}
         for i, v in enumerate(vnodes):
             problems = []
-            if v["mem_mib"] > largest.mem_total_mib:
+            if v["mem_mib"] > largest.mem_mib:
                 problems.append(
-                    f"mem_mib {v['mem_mib']} exceeds the largest node ({largest.name}, {largest.mem_total_mib} MiB)"
+                    f"mem_mib {v['mem_mib']} exceeds the largest node ({name}, {largest.mem_mib} MiB allocatable)"
                 )
             if v["cpu_cores"] > max_cpu:
                 problems.append(f"cpu_cores {v['cpu_cores']} exceeds the largest node's {max_cpu} cores")
             if v["disk_gib"] > max_disk:
-                problems.append(f"disk_gib {v['disk_gib']} exceeds the largest node's {max_disk} GiB")
+                problems.append(
+                    f"disk_gib {v['disk_gib']} exceeds the largest node's {max_disk} GiB allocatable"
+                )
             if problems:
                 errors[i] = "; ".join(problems)
         if errors:

@@ -54,26 +54,7 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
     def create(self, request):
         ser = s.LeaseCreateSerializer(data=request.data)
         ser.is_valid(raise_exception=True)
-        data = ser.validated_data
-        spec = actions.LeaseSpec(
-            name=data["name"],
-            type=data["type"],
-            duration_s=data["duration_s"],
-            vnodes=[dict(v) for v in data["nodes"]],
-            start=data["start"],
-            capabilities=tuple(data["capabilities"]),
-            preemptible=data["preemptible"],
-            real_duration_s=data["real_duration_s"],
-            groups=tuple(data["groups"]),
-            policy={
-                "migratable": data["migratable"],
-                "restart_policy": dict(data["restart_policy"]),
-                "max_reschedules": data["max_reschedules"],
-                "auto_approve_reschedules": data["auto_approve_reschedules"],
-                "driver": data["driver"],
-                "spec": dict(data["spec"]),
-            },
-        )
+        spec = actions.LeaseSpec.from_request(ser.validated_data)
         result = actions.do_submit_lease(request.user, spec, now=timezone.now())
         body = s.LeaseDetailSerializer(result.lease).data
         if not result.decision.accepted:

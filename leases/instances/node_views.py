@@ -1,6 +1,7 @@
 """The fleet's console pages that show or change what runs on nodes: the board and a node's page (memory committed
 by the instances placed there, the reservations it holds), the drain (with a deadline, a process that moves its
-instances) and declare-dead (its instances are lost). Composed here from fleet's pieces (fleet/views.py) and this
+instances), declare-dead (its instances are lost) and re-admit, and the "what if" placement preview (which counts
+the instances' claims). Their forms are validated by the API's serializers (fleet/forms.py). Composed here from fleet's pieces (fleet/views.py) and this
 package's reads and actions; each page URL also serves its fragment to htmx (same URL, `HX-Request`), so a live
 "node-changed" event re-fetches just the live region.
 """
@@ -18,6 +19,7 @@ from django.views.decorators.http import require_POST
 from django.views.decorators.vary import vary_on_headers
 
 from fleet import actions as fleet_actions
+from fleet import forms as fleet_forms
 from fleet.models import HealthSample, Node, NodeStatus, PlacementReport
 from fleet.views import CapacityTotals, chart, matches, node_rows
 from leases.instances import reads
@@ -25,6 +27,7 @@ from leases.instances.actions import nodes
 from leases.models import Allocation
 from slotkeeper.decorators import role_required
 from slotkeeper.domain import DomainError
+from slotkeeper.forms import Checked
 
 
 @role_required("viewer")
@@ -64,22 +67,31 @@ def holdings(node: Node, now: datetime) -> list[Allocation]:
     )
 
 
-@role_required("viewer")
-@vary_on_headers("HX-Request")
-def node_detail(request, node_id: int):
-    node = get_object_or_404(Node.objects.select_related("drained_by"), pk=node_id)
-    now = timezone.now()
+def node_context(node: Node, now: datetime) -> dict:
     samples = list(
         HealthSample.objects.filter(node=node, at__gte=now - timedelta(hours=1)).order_by("at")[:2000]
     )
-    context = {
+    return {
         "node": node,
         "row": node_rows([node], now, reads.claims([node.pk]))[0],
         "chart": chart(samples, now),
         "holdings": holdings(node, now),
     }
+
+
+@role_required("viewer")
+@vary_on_headers("HX-Request")
+def node_detail(request, node_id: int):
+    node = get_object_or_404(Node.objects.select_related("drained_by"), pk=node_id)
     template = "fleet/_node_status.html" if request.htmx else "fleet/node.html"
-    return render(request, template, context)
+    return render(request, template, node_context(node, timezone.now()))
+
+
+def refused(request, node_id: int, form: str, checked: Checked):
+    """The node page again, with the form's field messages (400): nothing was changed."""
+    node = get_object_or_404(Node.objects.select_related("drained_by"), pk=node_id)
+    context = {**node_context(node, timezone.now()), form: checked}
+    return render(request, "fleet/node.html", context, status=400)
 
 
 @role_required("operator")
@@ -144,11 +156,42 @@ def _positive_int(raw: str | None) -> int | None:
 @role_required("admin")
 @require_POST
 def declare_dead(request, node_id: int):
+    checked = fleet_forms.check_reason(request.POST)
+    if not checked.ok:
+        return refused(request, node_id, "declare_dead_form", checked)
     try:
-        nodes.do_declare_dead(
-            request.user, node_id, reason=request.POST.get("reason", "").strip(), now=timezone.now()
-        )
+        nodes.do_declare_dead(request.user, node_id, reason=checked.data["reason"], now=timezone.now())
         messages.success(request, "Node declared dead.")
     except DomainError as exc:
         messages.error(request, str(exc))
     return redirect("node-detail", node_id=node_id)
+
+
+@role_required("admin")
+@require_POST
+def readmit(request, node_id: int):
+    checked = fleet_forms.check_reason(request.POST)
+    if not checked.ok:
+        return refused(request, node_id, "readmit_form", checked)
+    try:
+        fleet_actions.do_readmit(request.user, node_id, reason=checked.data["reason"], now=timezone.now())
+        messages.success(request, "Node re-admitted: it comes back online with its next heartbeat.")
+    except DomainError as exc:
+        messages.error(request, str(exc))
+    return redirect("node-detail", node_id=node_id)
+
+
+@role_required("operator")
+def placement_preview(request):
+    """ "What if": would this fit, and where? The same request, verdicts and stored report as the API's preview
+    (POST, because the report is kept and audited)."""
+    if request.method != "POST":
+        context = {"values": dict(fleet_forms.PREVIEW_DEFAULTS), "errors": {}, "result": None}
+        return render(request, "fleet/preview.html", context)
+    checked = fleet_forms.check_preview(request.POST)
+    if not checked.ok:
+        context = {"values": checked.values, "errors": checked.errors, "result": None}
+        return render(request, "fleet/preview.html", context, status=400)
+    result = nodes.do_preview_placement(request.user, checked.data, now=timezone.now())
+    context = {"values": checked.values, "errors": {}, "result": result, "verdicts": result["verdicts"]}
+    return render(request, "fleet/preview.html", context)

@@ -22,7 +22,8 @@ from django.views.decorators.vary import vary_on_headers
 from django_htmx.http import replace_url
 
 from fleet.models import Node
-from leases.instances import reads
+from leases.instances import forms, reads
+from leases.instances.actions import alerts as alert_actions
 from leases.instances.actions import reschedules
 from leases.instances.filters import AlertFilterSet, InstanceFilterSet, RescheduleFilterSet, filtered
 from leases.instances.models import Reschedule, RescheduleStatus
@@ -339,6 +340,25 @@ def alert_list(request):
     }
     template = "instances/_alert_table.html" if fragment(request) else "instances/alerts.html"
     return render(request, template, context)
+
+
+@role_required("operator")
+def alert_resolve(request, pk: int):
+    """Resolves an open alert by hand, with an optional reason (audited). The alert list posts here from each open
+    row; a GET shows the same form on a page of its own."""
+    alert = get_object_or_404(Alert.objects.select_related("lease", "instance", "node"), pk=pk)
+    if request.method != "POST":
+        return render(request, "instances/alert_resolve.html", {"alert": alert, "values": {}, "errors": {}})
+    checked = forms.check_resolve(request.POST)
+    if not checked.ok:
+        context = {"alert": alert, "values": checked.values, "errors": checked.errors}
+        return render(request, "instances/alert_resolve.html", context, status=400)
+    try:
+        alert_actions.do_resolve_alert(request.user, pk, now=timezone.now(), reason=checked.data["reason"])
+        messages.success(request, f"Alert {pk} ({alert.kind}) resolved.")
+    except DomainError as exc:
+        messages.error(request, str(exc))
+    return redirect("alert-list")
 
 
 # -- drain progress ----------------------------------------------------------------------------------------------

@@ -94,8 +94,8 @@ def test_declaring_dead_a_node_the_sweep_already_found_dead_fences_it(tank):
 
 
 def test_a_node_that_holds_reservations_cannot_be_deleted(admin, register_node):
-    node, agent = register_node("holder", cpu_cores=4, mem_total_mib=8192)
-    assert beat(agent, node, mem_total_mib=8192).status_code == 200
+    node, agent = register_node("holder", cpu_cores=4, mem_total_mib=16384)
+    assert beat(agent, node, mem_total_mib=16384).status_code == 200
     spec = lease_actions.LeaseSpec(
         name="ar",
         type="advance_reservation",
@@ -115,8 +115,8 @@ def test_a_node_that_holds_reservations_cannot_be_deleted(admin, register_node):
     lease_actions.do_cancel_lease(None, lease.pk, now=timezone.now())
     assert admin.delete(f"/api/nodes/{node.pk}/").status_code == 204
     # And the scheduler is unharmed: the next submission is decided, not a KeyError.
-    other, other_agent = register_node("other", cpu_cores=4, mem_total_mib=8192)
-    beat(other_agent, other, mem_total_mib=8192)
+    other, other_agent = register_node("other", cpu_cores=4, mem_total_mib=16384)
+    beat(other_agent, other, mem_total_mib=16384)
     again = lease_actions.do_submit_lease(None, spec, now=timezone.now())
     assert again.lease.state == "ready"
     assert not Instance.objects.filter(node_id=node.pk).exists()

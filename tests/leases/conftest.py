@@ -4,6 +4,7 @@ import pytest
 from django.utils import timezone
 
 from fleet import actions as fleet_actions
+from fleet.nodestate import BASELINE_FLOOR_MIB, HOST_RESERVE_MIB
 from leases import store
 from leases.instances.actions import nodes as node_actions
 
@@ -16,22 +17,27 @@ def _fresh_scheduler_cache():
     store.drop_cache()
 
 
+# Declared so that 8 GiB is allocatable (docs/capacity.md).
+DECLARED_MIB = 8192 + HOST_RESERVE_MIB + BASELINE_FLOOR_MIB
+
+
 @pytest.fixture
 def fleet(db):
-    """Four healthy nodes of 4 cores and 8 GiB, heartbeating now (the placer's checks need fresh health)."""
+    """Four healthy nodes of 4 cores and 8 GiB allocatable (14 GiB declared, less the 4 GiB host reserve and the
+    2 GiB baseline floor), heartbeating now (the placer's checks need fresh health)."""
     nodes = []
     for i in range(1, 5):
         node, _ = fleet_actions.do_register_node(
             None,
             name=f"n{i}",
             cpu_cores=4,
-            mem_total_mib=8192,
+            mem_total_mib=DECLARED_MIB,
             disk_total_gib=100,
             capabilities=[],
             now=timezone.now(),
         )
         report = fleet_actions.HealthReport(
-            mem_total_mib=8192, mem_used_mib=1000, disk_free_gib=90.0, cpu_pct=1.0, load1=0.1
+            mem_total_mib=DECLARED_MIB, mem_used_mib=1000, disk_free_gib=90.0, cpu_pct=1.0, load1=0.1
         )
         nodes.append(node_actions.do_heartbeat(node, report, now=timezone.now()))
     return nodes

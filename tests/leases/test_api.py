@@ -90,7 +90,7 @@ def test_bad_requests_are_400_naming_the_field_and_store_nothing(operator, fleet
 def test_a_too_large_vm_names_the_largest_node(operator, fleet):
     response = submit(operator, nodes=[vm(), vm(mem=10_000)])
     assert response.status_code == 400
-    assert "largest node (n1, 8192 MiB)" in response.json()["nodes"]["1"]
+    assert "largest node (n1, 8192 MiB allocatable)" in response.json()["nodes"]["1"]
 
 
 def test_viewers_read_but_cannot_submit_or_cancel(viewer, operator, fleet):

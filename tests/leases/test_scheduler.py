@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from leases.lifecycle import IllegalTransition, LeaseState
-from leases.scheduler import LeaseRequest, Scheduler, SchedulerConfig, _global_groups, _local_groups
+from leases.scheduler import LeaseRequest, Scheduler, SchedulerConfig
+from leases.scheduling.timing import global_groups, local_groups
 from leases.slottable import Res
 
 F = Res(cpu=100, mem=1024)
@@ -230,9 +231,9 @@ def test_excluded_nodes_get_nothing_new_and_their_verdict_is_the_reason():
     "groups, expected",
     [
         # two VMs on node 1 one after the other, node 2 in parallel; overhead 2 s per VM in each group
-        (_local_groups({1: 32, 2: 32, 3: 32}, {1: 1, 2: 1, 3: 2}, 100, True, 2), [(100, 136), (136, 170)]),
-        (_local_groups({1: 32, 2: 32}, {1: 1, 2: 2}, 100, False, 0), [(68, 100)]),
-        (_global_groups({1: 32, 2: 32}, {1: 1, 2: 2}, 100, True, 2), [(100, 134), (134, 168)]),
+        (local_groups({1: 32, 2: 32, 3: 32}, {1: 1, 2: 1, 3: 2}, 100, True, 2), [(100, 136), (136, 170)]),
+        (local_groups({1: 32, 2: 32}, {1: 1, 2: 2}, 100, False, 0), [(68, 100)]),
+        (global_groups({1: 32, 2: 32}, {1: 1, 2: 2}, 100, True, 2), [(100, 134), (134, 168)]),
     ],
 )
 def test_suspend_and_resume_groups_follow_the_exclusion_mode(groups, expected):

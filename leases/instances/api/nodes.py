@@ -12,10 +12,11 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from fleet import actions, capacity, placement
+from fleet import actions
 from fleet.api import serializers as s
 from fleet.api import views as fleet_views
 from fleet.api.views import validated
+from leases import reads as lease_reads
 from leases.instances import reads
 from leases.instances.actions import nodes
 from slotkeeper import metrics
@@ -24,6 +25,16 @@ from slotkeeper.auth import IsOperator
 
 class NodeViewSet(fleet_views.NodeViewSet):
     # No docstring: the schema would show it as the description of every operation on nodes.
+
+    def get_serializer_context(self):
+        # List and retrieve: every node's committed figures in one aggregate query.
+        return {**super().get_serializer_context(), "committed": lease_reads.committed_now(timezone.now())}
+
+    def node_context(self, node_ids) -> dict:
+        return {
+            **super().node_context(node_ids),
+            "committed": lease_reads.committed_now(timezone.now(), node_ids),
+        }
 
     def destroy(self, request, pk=None):
         nodes.do_delete_node(request.user, self._pk(pk), now=timezone.now())
@@ -69,14 +80,14 @@ class NodeViewSet(fleet_views.NodeViewSet):
             deadline=data["deadline"],
             max_parallel=data["max_parallel"],
         )
-        return Response(s.NodeSerializer(node).data)
+        return Response(self.node_data(node))
 
     @extend_schema(request=s.ReasonSerializer, responses={200: s.NodeSerializer})
     @action(detail=True, methods=["post"], url_path="declare-dead")
     def declare_dead(self, request, pk=None):
         reason = validated(s.ReasonSerializer, request.data)["reason"]
         node = nodes.do_declare_dead(request.user, self._pk(pk), reason=reason, now=timezone.now())
-        return Response(s.NodeSerializer(node).data)
+        return Response(self.node_data(node))
 
 
 class PlacementPreviewView(APIView):
@@ -85,24 +96,4 @@ class PlacementPreviewView(APIView):
     @extend_schema(request=s.PreviewSerializer, responses={200: s.PlacementResultSerializer})
     def post(self, request):
         data = validated(s.PreviewSerializer, request.data)
-        need = capacity.Need(
-            mem_mib=data["mem_mib"],
-            disk_gib=data["disk_gib"],
-            cpu_cores=data["cpu_cores"],
-            capabilities=frozenset(data["capabilities"]),
-            count=data["count"],
-            preferred_node=data["preferred_node"] or None,
-        )
-        now = timezone.now()
-        states = placement.snapshot(now, claims=reads.claims())
-        result, report = actions.do_preview_placement(request.user, need, states=states, now=now)
-        return Response(
-            {
-                "outcome": str(result.outcome),
-                "nodes": list(result.nodes),
-                "message": result.message,
-                "preferred_note": result.preferred_note,
-                "report": report.pk,
-                "verdicts": report.verdicts,
-            }
-        )
+        return Response(nodes.do_preview_placement(request.user, data, now=timezone.now()))

@@ -1,11 +1,17 @@
 """`manage.py demo` (what `make run` calls): migrate, make a demo admin, seed a demo fleet, serve the console with
-Daphne on http://127.0.0.1:8000, and run simulated agents that heartbeat through the real API. Ctrl-C stops
-everything it started."""
+Daphne on http://127.0.0.1:8000 (`--port`, `make run PORT=…`), and run simulated agents that heartbeat through the
+real API. Ctrl-C stops everything it started.
+
+The terminal is for a person: Daphne's access log (two lines per agent every 5 s, about five a second) goes to
+`.demo/access.log`, the simulated agents' routine events are shown only with `--agent-events`; warnings, errors
+and the server's own events stay on screen, and the sign-in is printed again once the start-up burst is over, so
+it is not pushed off the screen."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -30,6 +36,9 @@ from slotkeeper.shutdown import DAPHNE_TIMEOUTS
 
 DEMO_DIR = Path(settings.BASE_DIR) / ".demo"
 ASGI_APP = "slotkeeper.asgi:application"
+# The sign-in is printed again this long after the server is up: past the agents' first heartbeats, the demo
+# integration's first leases and the instances they start.
+REMIND_AFTER_S = 20.0
 
 # The three machines measured in seed 001 (tank, architect, morpheus) and nine more of common shapes.
 DEMO_FLEET = [
@@ -55,16 +64,38 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=8000)
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--no-agents", action="store_true", help="serve without simulated agents")
+        parser.add_argument(
+            "--agent-events",
+            action="store_true",
+            help="also show every simulated agent's routine events (instance started / ended, node status)",
+        )
 
-    def handle(self, port, host, no_agents, **options):
-        DEMO_DIR.mkdir(exist_ok=True)
+    def handle(self, port, host, no_agents, agent_events, **options):
+        if not agent_events:
+            # Twelve agents in one terminal log an instance start or end every second or two; their warnings
+            # and errors (an instance lost, a refused or fenced node) still show.
+            logging.getLogger("slotkeeper.agent").setLevel(logging.WARNING)
+        DEMO_DIR.mkdir(mode=0o700, exist_ok=True)
         self.stdout.write("Migrating the database…")
         call_command("migrate", interactive=False, verbosity=0)
         password = self.demo_admin()
         tokens = self.demo_fleet()
         server = f"http://{host}:{port}"
+        access_log = DEMO_DIR / "access.log"
         daphne = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), *DAPHNE_TIMEOUTS, ASGI_APP],
+            [
+                sys.executable,
+                "-m",
+                "daphne",
+                "-b",
+                host,
+                "-p",
+                str(port),
+                "--access-log",
+                str(access_log),
+                *DAPHNE_TIMEOUTS,
+                ASGI_APP,
+            ],
             env={**os.environ, "EMBEDDED_LOOP": "1"},
         )
         stop = threading.Event()
@@ -84,14 +115,18 @@ class Command(BaseCommand):
             self.stdout.write(
                 self.style.SUCCESS(
                     f"\nSlotkeeper is running: {server}/\n"
-                    f"  sign in as  admin / {password}\n"
+                    f"  sign in as  admin / {password}   (kept in {DEMO_DIR.name}/admin-password)\n"
                     f"  API docs    {server}/api/docs/   admin {server}/admin/\n"
                     f"  {len(tokens)} simulated agents heartbeat every 5 s; a demo integration submits leases.\n"
-                    f"  Ctrl-C stops everything.\n"
+                    f"  Requests are logged to {DEMO_DIR.name}/{access_log.name}. Ctrl-C stops everything.\n"
                 )
             )
+            remind_at = time.monotonic() + REMIND_AFTER_S
             while not stop.is_set() and daphne.poll() is None:
                 stop.wait(0.5)
+                if remind_at and time.monotonic() >= remind_at:
+                    remind_at = 0.0
+                    self.stdout.write(self.style.SUCCESS(sign_in_reminder(server, password)))
         finally:
             stop.set()
             if daphne.poll() is None:
@@ -107,8 +142,7 @@ class Command(BaseCommand):
         password = os.environ.get("DEMO_ADMIN_PASSWORD") or (
             password_file.read_text().strip() if password_file.exists() else secrets.token_urlsafe(9)
         )
-        password_file.write_text(password)
-        password_file.chmod(0o600)
+        write_private(password_file, password)
         user, _ = get_user_model().objects.get_or_create(username="admin")
         user.is_superuser = True
         user.set_password(password)
@@ -142,8 +176,7 @@ class Command(BaseCommand):
                 token = actions.do_rotate_token(None, node.pk, now=now)
             saved[name] = token
             tokens.append((node.pk, token))
-        token_file.write_text(json.dumps(saved))
-        token_file.chmod(0o600)
+        write_private(token_file, json.dumps(saved))
         self.stdout.write(f"Demo fleet: {len(tokens)} nodes.")
         return tokens
 
@@ -168,6 +201,19 @@ class Command(BaseCommand):
             # A new database: the agents' state files speak of instances that no longer exist anywhere.
             shutil.rmtree(work_root)
         run_simulated_agents(server, tokens, stop, interval=5.0, work_root=work_root)
+
+
+def sign_in_reminder(server: str, password: str) -> str:
+    return f"\nReminder: sign in at {server}/ as admin / {password}   ({DEMO_DIR.name}/admin-password)\n"
+
+
+def write_private(path: Path, text: str) -> None:
+    """Writes a secret readable by its owner only, from the first byte: a write then a chmod left it
+    world-readable in between (and kept a wider mode an older file had)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
 
 
 def submit_demo_leases(server: str, stop: threading.Event, every_s: float = 8.0) -> None:
@@ -210,7 +256,10 @@ def submit_demo_leases(server: str, stop: threading.Event, every_s: float = 8.0)
 
 def _demo_recovery_cases(server: str, session) -> None:
     """Things an operator should be able to find in the demo: a crash-looping instance whose restart history fills
-    up and ends failed, and an anti-affinity group whose members a node death will test."""
+    up and ends failed, and an anti-affinity group whose members a node death will test. A restarted demo keeps
+    the ones it made before (creating the group again was a 400 warning on every start)."""
+    if session.get(f"{server}/api/groups/web", timeout=10).status_code == 200:
+        return
     session.post(
         f"{server}/api/groups/", json={"name": "web", "policy": "anti_affinity", "hard": True}, timeout=10
     )

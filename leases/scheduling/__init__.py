@@ -1,0 +1,1 @@
+"""The lease scheduler's layers (see `leases.scheduler.Scheduler`). PURE: no Django."""

@@ -1,0 +1,289 @@
+"""The best-effort queue and backfilling (SEMANTICS §3.2, §3.5, §3.6, §3.7): first come first served, each lease
+placed as soon as possible (now, or at the end of someone's plan while future reservations are allowed), resumed
+leases migrated where that is allowed, and future reservations pulled earlier when capacity frees up.
+
+PURE: no Django.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from leases.lifecycle import LeaseState
+from leases.scheduling.mapper import ONE_CPU, Mapper
+from leases.scheduling.records import (
+    IMMEDIATE,
+    REEVALUATED_STATES,
+    RESUME,
+    SHUTDOWN,
+    SUSPEND,
+    SUSPENDED_STATES,
+    VM,
+    LeaseRecord,
+    LeaseRequest,
+    Plan,
+    Spec,
+)
+
+_S = LeaseState
+
+
+class Backfilling(Mapper):
+    def _can_schedule_in_future(self) -> bool:
+        return len(self._future) < self.config.max_in_future
+
+    def _process_queue(self, now: float) -> None:
+        waiting: list[tuple[float, int, int]] = []
+        stopped = False
+        for entry in self._queue:
+            if stopped:
+                waiting.append(entry)
+                continue
+            future = self._can_schedule_in_future()
+            # With no future reservation left to hand out and every CPU taken, nothing in the queue can start:
+            # stopping here keeps a long queue from being re-mapped at every event (Haizea does the same).
+            if not future and self._cpu_full(now):
+                waiting.append(entry)
+                stopped = True
+                continue
+            rec = self.leases[entry[2]]
+            try:
+                plan = self._plan_asap(rec, now, allow_future=future)
+                if plan is None:
+                    waiting.append(entry)
+                    stopped = self.config.backfilling == "off"
+                    continue
+                self._commit(rec, plan, now)
+            except Exception as exc:
+                self._contain(rec, now, exc)
+        self._queue = waiting
+
+    def _cpu_full(self, now: float) -> bool:
+        # The free CPU summed over the usable nodes is 0 exactly when every node's CPU is taken.
+        if not self._excluded:
+            return self.table.total_free_cpu_at(now) <= 0
+        return self._room.total(now, ONE_CPU, self._usable_nodes(), self._counter(ONE_CPU, now)) == 0
+
+    def _plan_asap(self, rec: LeaseRecord, now: float, allow_future: bool) -> Plan | None:
+        req = rec.request
+        resuming = rec.state in SUSPENDED_STATES
+        remaining = req.duration - rec.run_time
+        resume_est = (
+            self.timing.estimate(req, self.config.resume_rate, self.config.override_resume_time)
+            if resuming
+            else 0
+        )
+        duration = remaining + resume_est + self.timing.shutdown_time(req)
+        # A non-preemptible lease is never suspended, so it is not started where it would have to be (Q1).
+        strict = (
+            req.type == IMMEDIATE
+            or not req.preemptible
+            or self.config.suspension == "none"
+            or (self.config.suspension == "serial-only" and len(req.vnodes) > 1)
+        )
+        only = set(rec.images.values()) if resuming and self.config.migration == "no" else None
+        threshold = self.timing.threshold(req, resuming)
+        plan = self._first_fit(rec, [now], now, duration, threshold, strict, only)
+        if plan is None and allow_future:
+            plan = self._first_fit(rec, self._future_points(now), now, duration, threshold, strict, only)
+            if plan is not None:
+                plan.in_future = True
+        return plan
+
+    def _could_start(self, req: LeaseRequest, at: float, only: set[int] | None) -> bool:
+        """A cheap necessary condition for starting at an instant: enough copies of the smallest vnode fit then.
+
+        Without it a long queue re-runs the full mapper over every node at every event (the 30-day Blue
+        Horizon replay spent most of its time there)."""
+        smallest = self._smallest_of(req)
+        # The fleet's total free capacity bounds how many copies fit on its nodes: most instants fail here.
+        if self.table.total_copies_at(smallest, at) < len(req.vnodes):
+            return False
+        count = self._counter(smallest, at)
+        if only is None:
+            room = self._room.total(at, smallest, self._usable_nodes(), count)
+        elif self._room.knows(at, smallest):
+            room = self._room.subtotal(at, smallest, self._usable_nodes(), only, count)
+        else:
+            # A lease pinned to a few nodes (resuming without migration): counting just those is cheaper than
+            # counting the whole fleet for an instant nobody else has asked about.
+            usable = [n for n in only if n in self._capacity and n not in self._excluded]
+            room = sum(self.table.copies_many(usable, smallest, at).values())
+        return room >= len(req.vnodes)
+
+    def _future_points(self, now: float) -> list[float]:
+        """The ends of every lease's current plan after `now`, sorted (§2.5, §10 Q16): the only instants at
+        which capacity comes back."""
+        ends = {self._records[rid].end for rid in self._final_rids(now) if self._records[rid].end > now}
+        return sorted(ends)
+
+    def _final_rids(self, now: float) -> list[int]:
+        finals: list[int] = []
+        for r in self.table.reservations(start=now):
+            chain = self.leases[r.lease_id].chain()
+            if chain and chain[-1].rid == r.rid:
+                finals.append(r.rid)
+        return finals
+
+    def _first_fit(
+        self,
+        rec: LeaseRecord,
+        candidates: Iterable[float],
+        now: float,
+        duration: float,
+        threshold: float,
+        strict: bool,
+        only: set[int] | None,
+    ) -> Plan | None:
+        for start in candidates:
+            if not self._could_start(rec.request, start, only):
+                continue
+            plan = self._plan_at(rec, start, now, duration, threshold, strict, only)
+            if plan is not None:
+                return plan
+        return None
+
+    def _plan_at(
+        self,
+        rec: LeaseRecord,
+        start: float,
+        now: float,
+        duration: float,
+        threshold: float,
+        strict: bool,
+        only: set[int] | None,
+    ) -> Plan | None:
+        found = self._find(rec, start, duration, threshold, strict, only)
+        if found is None:
+            return None
+        mapping, end = found
+        migrations: list[Spec] = []
+        if rec.state in SUSPENDED_STATES and self._moves(rec, mapping):
+            moved = self._plan_migration(rec, mapping, start, end, now, duration, threshold, strict, only)
+            if moved is None:
+                return None
+            migrations, start, mapping, end = moved
+        specs = self._run_specs(rec, mapping, start, end)
+        return None if specs is None else Plan(migrations + specs)
+
+    def _find(
+        self,
+        rec: LeaseRecord,
+        start: float,
+        duration: float,
+        threshold: float,
+        strict: bool,
+        only: set[int] | None,
+    ) -> tuple[dict[int, int], float] | None:
+        """A mapping for [start, start + duration), or a shorter window of at least `threshold`."""
+        if rec.state in SUSPENDED_STATES and self.config.migration == "no":
+            # Without migration a suspended lease resumes exactly where its memory images are.
+            found = self._check_fixed(self.table, rec.request, rec.images, start, start + duration, strict)
+        else:
+            found = self._map(self.table, rec.request, start, start + duration, strict, only)
+        if found is None:
+            return None
+        if found[1] < start + duration and found[1] - start < threshold:
+            return None
+        return found
+
+    def _plan_migration(
+        self,
+        rec: LeaseRecord,
+        mapping: dict[int, int],
+        start: float,
+        end: float,
+        now: float,
+        duration: float,
+        threshold: float,
+        strict: bool,
+        only: set[int] | None,
+    ) -> tuple[list[Spec], float, dict[int, int], float] | None:
+        """Migrations run from now; the resumption waits for them only if they are not done by `start`, and
+        only the vnodes that change node cost time (Q9)."""
+        specs = self.timing.migration_specs(rec, mapping, now)
+        ready = specs[-1].end if specs else now
+        if ready > start:
+            found = self._find(rec, ready, duration, threshold, strict, only)
+            if found is None:
+                return None
+            later = self.timing.migration_specs(rec, found[0], now)
+            if (later[-1].end if later else now) > ready:
+                return None
+            specs, start, (mapping, end) = later, ready, found
+        if not all(self._migration_fits(s) for s in specs):
+            return None
+        return specs, start, mapping, end
+
+    def _moves(self, rec: LeaseRecord, mapping: dict[int, int]) -> bool:
+        return any(rec.images.get(v, n) != n for v, n in mapping.items())
+
+    def _run_specs(
+        self, rec: LeaseRecord, mapping: dict[int, int], start: float, end: float
+    ) -> list[Spec] | None:
+        """Resumption (if suspended), the VM, then a shutdown or, if the window is short, a suspension."""
+        req = rec.request
+        specs: list[Spec] = []
+        vm_start = start
+        if rec.state in SUSPENDED_STATES:
+            specs = self.timing.op_specs(RESUME, mapping, req, start, forward=True)
+            vm_start = max(s.end for s in specs)
+        remaining = req.duration - rec.run_time
+        shutdown = self.timing.shutdown_time(req)
+        if end - vm_start >= remaining + shutdown:
+            specs.append(Spec(VM, vm_start, vm_start + remaining, dict(mapping)))
+            if shutdown > 0:
+                specs.append(
+                    Spec(SHUTDOWN, vm_start + remaining, vm_start + remaining + shutdown, dict(mapping))
+                )
+            return specs
+        if end - vm_start >= remaining:
+            return (
+                None  # it could run to the end but not shut down: a suspension would cut its shutdown (1.1)
+            )
+        suspensions = self.timing.op_specs(SUSPEND, mapping, req, end, forward=False)
+        suspend_start = min(s.start for s in suspensions)
+        if suspend_start <= vm_start:
+            return None
+        specs.append(Spec(VM, vm_start, suspend_start, dict(mapping)))
+        return specs + suspensions
+
+    def _requeue(self, rec: LeaseRecord, now: float) -> None:
+        """Cancel the lease's plan and put it back in the queue at its submit-time position.
+
+        A running VM is stopped now and the lease will start again from scratch with its full duration; the
+        work it loses is recorded (Q8), so that the run-time invariant still holds at its end."""
+        running = rec.state == _S.ACTIVE
+        vm = rec.current_vm()
+        self._stop_chain(rec, now, count=False)
+        if running and vm is not None:
+            rec.lost_run_time += rec.run_time + (now - vm.start)
+            rec.run_time = 0.0
+            rec.images = {}
+        self._future.discard(rec.request.id)
+        rec.in_future = False
+        target = _S.SUSPENDED_QUEUED if rec.state in SUSPENDED_STATES else _S.QUEUED
+        self._set_state(rec, target, now)
+        self._enqueue(rec)
+
+    def _reevaluate(self, now: float) -> None:
+        """Pull future best-effort reservations earlier into capacity that freed up; they can only improve."""
+        for lid in sorted(self._future, key=lambda i: (self.leases[i].request.submit, i)):
+            rec = self.leases[lid]
+            if rec.state not in REEVALUATED_STATES:
+                continue
+            for r in rec.chain():
+                self._cancel_record(r, now)
+            self._future.discard(lid)
+            rec.in_future = False
+            suspended = rec.state == _S.SUSPENDED_SCHEDULED
+            try:
+                self._set_state(rec, _S.SUSPENDED_PENDING if suspended else _S.PENDING, now)
+                plan = self._plan_asap(rec, now, allow_future=self._can_schedule_in_future())
+                if plan is not None:
+                    self._commit(rec, plan, now)
+                else:
+                    self._set_state(rec, _S.SUSPENDED_QUEUED if suspended else _S.QUEUED, now)
+                    self._enqueue(rec)
+            except Exception as exc:
+                self._contain(rec, now, exc)

@@ -1,0 +1,267 @@
+"""The scheduler's state and the only code that changes it: the slot table, the lease records, the queue, the journal
+of changes, and the caches that a change to a node invalidates.
+
+PURE: no Django.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import math
+from bisect import insort
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
+
+from leases.lifecycle import LeaseState, lease_transition
+from leases.scheduling.records import (
+    ACTIVE,
+    CANCELLED,
+    DONE,
+    MIGRATE,
+    RESUME,
+    SCHEDULED,
+    SUSPEND,
+    SUSPENDED_STATES,
+    VM,
+    Change,
+    LeaseRecord,
+    Plan,
+    ReservationRecord,
+    SchedulerConfig,
+    Spec,
+    cpu_mem,
+    utc_label,
+)
+from leases.scheduling.timing import Timing
+from leases.slottable import Res, Reservation, RoomCounts, SlotTable
+
+_S = LeaseState
+
+
+class PlanBook:
+    """Leases, their reservations in a SlotTable, the best-effort queue and the journal; every change goes through
+    here so that the caches stay true. `label` turns a time into the text used in messages."""
+
+    def __init__(
+        self,
+        capacities: Mapping[int, Res],
+        config: SchedulerConfig,
+        *,
+        label: Callable[[float], str] = utc_label,
+        strict: bool = False,
+    ) -> None:
+        self.table = SlotTable(capacities)
+        # A lease whose records make no sense (a reservation on a node the table does not know, a suspension with
+        # no VM behind it) used to raise out of every pass, so one bad row stopped all scheduling for good. Now
+        # that lease is isolated: failed, its reservations released, listed in `isolated` for the caller to
+        # alert on, and everyone else is scheduled as usual. `strict` re-raises instead (tests of the core).
+        self.strict = strict
+        self.isolated: list[tuple[int, str]] = []
+        self._broken: list[tuple[int, str]] = []
+        # Leases whose unstarted reservations no longer fit a node that shrank, and what settle() did with them.
+        self._displaced: list[tuple[int, int]] = []
+        self.displaced: list[tuple[int, int, str]] = []
+        self.config = config
+        self.label = label
+        self.leases: dict[int, LeaseRecord] = {}
+        self._queue: list[tuple[float, int, int]] = []  # (submit, seq, lease id): FCFS by submit time
+        self._seq = 0
+        self._records: dict[int, ReservationRecord] = {}
+        self._next_rid = 1
+        self._events: list[tuple[float, int, int, int]] = []  # (time, phase, tiebreak, rid)
+        self._tick = 0
+        self._future: set[int] = set()
+        self._changes: list[Change] = []
+        self.replaced: list[tuple[int, str]] = []  # set by advance(): leases requeued off unusable nodes
+        self._excluded: Mapping[int, str] = {}
+        # Per node: what it is observed to use beyond what the plan holds there now; work starting now must fit it.
+        self._now_extra: Mapping[int, Res] = {}
+        self._now = -math.inf
+        # Per node: (from, until, leases, next change): the host-score summary holds for every instant in
+        # [from, until), the span up to the node's next change of usage or lease set, until a change touches it.
+        self._views: dict[int, tuple[float, float, int, float]] = {}
+        # Per node: (need, start) -> fits_until. A node's answers hold until a change touches that node, so a
+        # queue pass keeps them across the other leases' commits (clearing all of it on every change did not).
+        self._fit_memo: dict[int, dict[tuple[Res, float], float]] = {}
+        self._room = RoomCounts()
+        self._fleet = tuple(self.table.capacity(n) for n in self.table.nodes)  # fixed for a scheduler's life
+        self._capacity = dict(zip(self.table.nodes, self._fleet, strict=True))
+        self._packs_memo: dict[tuple[Res, ...], bool] = {}
+        # Per lease id: the smallest vnode, and the suspend/resume estimates, asked for at every queue pass.
+        self._smallest: dict[int, Res] = {}
+        self._orders: dict[int, list[int]] = {}
+        self.timing = Timing(config)
+
+    @property
+    def queue(self) -> Sequence[int]:
+        return [lid for _, _, lid in self._queue]
+
+    def take_changes(self) -> list[Change]:
+        changes, self._changes = self._changes, []
+        return changes
+
+    def take_isolated(self) -> list[tuple[int, str]]:
+        isolated, self.isolated = self.isolated, []
+        return isolated
+
+    @property
+    def next_rid(self) -> int:
+        """The id the next reservation will get."""
+        return self._next_rid
+
+    def continue_rids_after(self, floor: int) -> None:
+        """Reservation ids are unique for all time, not just among live rows: never hand out one below `floor`."""
+        self._next_rid = max(self._next_rid, floor)
+
+    def journal_change(self, now: float, r: ReservationRecord) -> None:
+        """Record that a reservation was changed from outside (a vnode moved by a reschedule)."""
+        self._journal(now, r, "reservation_changed")
+
+    def _enqueue(self, rec: LeaseRecord) -> None:
+        self._seq += 1
+        insort(self._queue, (rec.request.submit, self._seq, rec.request.id))
+
+    def _drop_from_queue(self, lease_id: int) -> None:
+        self._queue = [q for q in self._queue if q[2] != lease_id]
+
+    def _isolate(self, rec: LeaseRecord, now: float, reason: str) -> None:
+        """Take a lease the scheduler cannot handle out of the plan: its reservations leave the table, it leaves
+        the queue, and it fails (whatever its state: this is a quarantine, not a lifecycle step)."""
+        lid = rec.request.id
+        for r in rec.reservations:
+            if r.status not in (SCHEDULED, ACTIVE):
+                continue
+            if r.rid in self._records:
+                with contextlib.suppress(KeyError):  # half-restored or already gone: nothing to release
+                    self._touch(self.table.remove(r.rid).alloc)
+            self._records.pop(r.rid, None)
+            r.status = CANCELLED
+            self._journal(now, r, "reservation_cancelled")
+        self._drop_from_queue(lid)
+        self._future.discard(lid)
+        rec.in_future = False
+        before = rec.state
+        rec.state = _S.FAILED
+        rec.end = now
+        rec.history.append((now, str(before), str(_S.FAILED)))
+        self._changes.append(Change(now, lid, "lease_state", state=_S.FAILED))
+        self.isolated.append((lid, reason))
+
+    def _contain(self, rec: LeaseRecord, now: float, exc: Exception) -> None:
+        if self.strict:
+            raise exc
+        self._isolate(rec, now, f"{type(exc).__name__}: {exc}")
+
+    def _commit(self, rec: LeaseRecord, plan: Plan, now: float) -> None:
+        for spec in plan.specs:
+            self._place(rec, spec, now)
+        if rec.state in SUSPENDED_STATES:
+            self._set_state(rec, _S.SUSPENDED_SCHEDULED, now)
+        else:
+            self._set_state(rec, _S.SCHEDULED, now)
+            self._set_state(rec, _S.READY, now)
+        if plan.in_future:
+            self._future.add(rec.request.id)
+            rec.in_future = True
+
+    def _alloc(self, rec: LeaseRecord, spec: Spec) -> dict[int, Res]:
+        if spec.kind == MIGRATE:
+            return self._migration_alloc(spec)
+        alloc: dict[int, Res] = {}
+        for v, n in spec.nodes.items():
+            use = rec.request.vnodes[v - 1]
+            # A suspension or resumption holds the memory of the VMs it moves and the CPU that moves it (Q13).
+            if spec.kind in (SUSPEND, RESUME):
+                use = cpu_mem(use)
+            # One VM per node is the common case: no sum to build (a 48-VM lease placed or retimed built 96 Res).
+            alloc[n] = alloc[n] + use if n in alloc else use
+        return alloc
+
+    def alloc_of(self, rec: LeaseRecord, r: ReservationRecord) -> dict[int, Res]:
+        """What a reservation holds on each node (node id -> resources), for checks and displays."""
+        return self._alloc(rec, Spec(r.kind, r.start, r.end, r.nodes, r.sources))
+
+    def _table_row(self, rec: LeaseRecord, r: ReservationRecord) -> Reservation:
+        return Reservation(r.rid, r.lease_id, r.kind, r.start, r.end, self.alloc_of(rec, r))
+
+    def _place(self, rec: LeaseRecord, spec: Spec, now: float) -> ReservationRecord:
+        r = ReservationRecord(self._next_rid, rec.request.id, spec.kind, spec.start, spec.end, spec.nodes)
+        r.sources = dict(spec.sources)
+        self._next_rid += 1
+        row = self._table_row(rec, r)
+        self.table.add(row)
+        self._touch(row.alloc)
+        self._records[r.rid] = r
+        rec.reservations.append(r)
+        self._push_events(r)
+        self._journal(now, r, "reservation_added")
+        return r
+
+    def _retime(self, r: ReservationRecord, end: float, now: float) -> None:
+        """Move a reservation's end (a VM cut short to make room for its suspension)."""
+        row = replace(self.table.get(r.rid), end=end)
+        self.table.replace(row)
+        self._touch(row.alloc)
+        r.end = end
+        self._push_events(r)
+        self._journal(now, r, "reservation_changed")
+
+    def _retire(self, r: ReservationRecord, end: float, now: float) -> None:
+        """A reservation is over at `end` (<= now). Its row leaves the table: nothing is ever planned before
+        now, and without this the 30-day replay's table grew to every reservation ever made."""
+        self._touch(self.table.remove(r.rid).alloc)
+        r.end, r.status = end, DONE
+        self._journal(now, r, "reservation_changed")
+
+    def _cancel_record(self, r: ReservationRecord, now: float) -> None:
+        self._touch(self.table.remove(r.rid).alloc)
+        r.status = CANCELLED
+        self._journal(now, r, "reservation_cancelled")
+
+    def _stop_chain(self, rec: LeaseRecord, now: float, *, count: bool = True) -> None:
+        """Drop what has not started and cut what is running at `now`; a cut VM's time counts if `count`."""
+        for r in rec.chain():
+            if r.start >= now:
+                self._cancel_record(r, now)
+            else:
+                if r.kind == VM and count:
+                    rec.run_time += min(now, r.end) - r.start
+                self._retire(r, min(now, r.end), now)
+
+    def _touch(self, nodes: Iterable[int]) -> None:
+        nodes = tuple(nodes)  # walked twice below, and callers may hand in a generator
+        for node in nodes:
+            self._views.pop(node, None)
+            self._fit_memo.pop(node, None)
+        self._room.touch(nodes)
+
+    def _journal(self, now: float, r: ReservationRecord, what: str) -> None:
+        snapshot = replace(r, nodes=dict(r.nodes), sources=dict(r.sources))
+        self._changes.append(Change(now, r.lease_id, what, reservation=snapshot))
+
+    def _set_state(self, rec: LeaseRecord, target: LeaseState, now: float) -> None:
+        before = rec.state
+        rec.state = lease_transition(before, target, ident=str(rec.request.id), lease_type=rec.request.type)
+        rec.history.append((now, str(before), str(target)))
+        self._changes.append(Change(now, rec.request.id, "lease_state", state=target))
+
+    def _push_events(self, r: ReservationRecord) -> None:
+        self._tick += 1
+        if r.status == SCHEDULED:
+            heapq.heappush(self._events, (r.start, 2, self._tick, r.rid))
+        heapq.heappush(self._events, (r.end, 1, self._tick, r.rid))
+
+    def _migration_fits(self, spec: Spec) -> bool:
+        alloc = self._migration_alloc(spec)
+        return all(self.table.fits(n, use, spec.start, spec.end) for n, use in alloc.items())
+
+    def _migration_alloc(self, spec: Spec) -> dict[int, Res]:
+        """The migration bandwidth on both ends, capped by what a node declares (a fleet may declare none)."""
+        bw = self.config.migration_bandwidth
+        alloc: dict[int, Res] = {}
+        for v, dst in spec.nodes.items():
+            src = spec.sources[v]
+            alloc[src] = alloc.get(src, Res()) + Res(net_out=min(bw, self.table.capacity(src).net_out))
+            alloc[dst] = alloc.get(dst, Res()) + Res(net_in=min(bw, self.table.capacity(dst).net_in))
+        return alloc

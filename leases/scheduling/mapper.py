@@ -1,0 +1,223 @@
+"""The greedy mapper (SEMANTICS §4.1, §4.2): which nodes a lease's vnodes go to at an instant, in host-policy order,
+and the cheap bounds that let a long queue skip most mapping attempts.
+
+PURE: no Django.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import fields
+from functools import lru_cache
+
+from leases.scheduling.book import PlanBook
+from leases.scheduling.records import (
+    LeaseRequest,
+)
+from leases.slottable import Res, SlotTable
+
+ONE_CPU = Res(cpu=1)
+EMPTY = Res()  # a node's share before any vnode is mapped to it (compared by identity)
+_NONE: dict = {}  # read-only: no extra use, no group members (no dict built per mapping attempt)
+
+
+class Mapper(PlanBook):
+    def _packs(self, vnodes: tuple[Res, ...]) -> bool:
+        # Memoised here rather than only by packs' lru_cache, whose key hashed all 144 nodes' capacities at
+        # every submission.
+        got = self._packs_memo.get(vnodes)
+        if got is None:
+            got = self._packs_memo[vnodes] = packs(vnodes, self._fleet)
+        return got
+
+    def _counter(self, unit: Res, t: float) -> Callable[[Iterable[int]], dict[int, int]]:
+        return lambda nodes: self.table.copies_many(nodes, unit, t)
+
+    def _usable_nodes(self) -> Sequence[int]:
+        if not self._excluded:
+            return self.table.nodes  # asked at every room count: no list to build in the common case
+        return [n for n in self.table.nodes if n not in self._excluded]
+
+    def _order_of(self, req: LeaseRequest) -> list[int]:
+        """size_order of the lease's vnodes, memoised: every mapping attempt asked for it afresh."""
+        got = self._orders.get(req.id)
+        if got is None:
+            got = self._orders[req.id] = size_order(req.vnodes)
+        return got
+
+    def _smallest_of(self, req: LeaseRequest) -> Res:
+        got = self._smallest.get(req.id)
+        if got is None:
+            got = self._smallest[req.id] = smallest(req.vnodes)
+        return got
+
+    def _map(
+        self,
+        table: SlotTable,
+        req: LeaseRequest,
+        start: float,
+        end: float,
+        strict: bool,
+        only: set[int] | None,
+    ) -> tuple[dict[int, int], float] | None:
+        """Pack vnodes (largest first) onto nodes in host-policy order; without `strict` the window may shrink.
+
+        Returns (vnode -> node, end of the window found), or None."""
+        order = self._order_of(req)
+        mapping: dict[int, int] = {}
+        latest = end
+        i = 0
+        # Work that starts now must also fit what the node is observed to use beyond the plan (the now-gate).
+        extra = self._now_extra if start <= self._now else _NONE
+        taken = dict(req.taken) if req.taken else _NONE
+        for node in self._host_order(table, req, start, end - start, only):
+            need = EMPTY
+            cap = self._capacity[node]
+            seen = extra.get(node)
+            allowed = len(order) if req.spread is None else req.spread - taken.get(node, 0)
+            placed = 0
+            while i < len(order) and placed < allowed:
+                vnode = req.vnodes[order[i] - 1]
+                trial = need + vnode if need is not EMPTY else vnode
+                checked = trial + seen if seen is not None else trial
+                # More than the node holds when empty never fits: fits_until would answer `start` (a full
+                # node's second VM, every time a wide lease is mapped).
+                until = self._fits_until(table, node, checked, start) if checked.fits_in(cap) else start
+                if until < latest:
+                    if strict or until <= start:
+                        break
+                    latest = until
+                need = trial
+                mapping[order[i]] = node
+                i += 1
+                placed += 1
+            if i == len(order):
+                return mapping, latest
+        return None
+
+    def _check_fixed(
+        self,
+        table: SlotTable,
+        req: LeaseRequest,
+        fixed: dict[int, int],
+        start: float,
+        end: float,
+        strict: bool,
+    ) -> tuple[dict[int, int], float] | None:
+        per_node: dict[int, Res] = {}
+        for v, n in fixed.items():
+            if n in self._excluded:
+                return None
+            use = req.vnodes[v - 1]
+            per_node[n] = per_node[n] + use if n in per_node else use  # no Res built for a one-VM node
+        latest = min(min(self._fits_until(table, n, need, start) for n, need in per_node.items()), end)
+        if latest <= start or (strict and latest < end):
+            return None
+        return dict(fixed), latest
+
+    def _fits_until(self, table: SlotTable, node: int, need: Res, start: float) -> float:
+        if table is not self.table:
+            return table.fits_until(node, need, start)
+        memo = self._fit_memo.get(node)
+        if memo is None:
+            memo = self._fit_memo[node] = {}
+        until = memo.get((need, start))
+        if until is None:
+            until = memo[(need, start)] = table.fits_until(node, need, start)
+        return until
+
+    def _host_order(
+        self, table: SlotTable, req: LeaseRequest, start: float, duration: float, only: set[int] | None
+    ) -> list[int]:
+        nodes = [n for n in table.nodes if n not in self._excluded and (only is None or n in only)]
+        if self.config.policy_host_selection == "no-policy":
+            return nodes
+        # A node where not even the smallest vnode fits at `start` can take nothing, so it is left out before
+        # scoring: on a busy fleet this skips most of the per-node work of every mapping attempt.
+        smallest = self._smallest_of(req)
+        if table is self.table:
+            # The room counts of _could_start already say, per node, how many smallest vnodes fit at `start`.
+            per = self._room.counts(start, smallest, self._usable_nodes(), self._counter(smallest, start))
+            nodes = [n for n in nodes if per[n] > 0]
+        else:
+            nodes = [n for n in nodes if smallest.fits_in(table.available_at(n, start))]
+
+        def score(node: int) -> float:
+            leases, change = (
+                self._summary(node, start) if table is self.table else summary(table, node, start)
+            )
+            crowd = (4 - min(leases, 4)) / 4
+            steady = 1.0 if change == math.inf or duration <= 0 else min(1.0, (change - start) / duration)
+            return 0.5 * crowd + 0.25 + 0.25 * steady
+
+        if req.avoid:
+            return sorted(nodes, key=lambda n: (n in req.avoid, -score(n)))
+        return sorted(nodes, key=lambda n: -score(n))
+
+    def _summary(self, node: int, t: float) -> tuple[int, float]:
+        got = self._views.get(node)
+        if got is None or not got[0] <= t < got[1]:
+            leases, change, _ = summary_span(self.table, node, t)
+            # The answer holds for every t' in [t, change): the node's usage and lease set stay what they are
+            # at t until `change`, so the count is the same and the first change after t' is still `change`.
+            got = self._views[node] = (t, change, leases, change)
+        return got[2], got[3]
+
+
+def size_order(vnodes: Sequence[Res]) -> list[int]:
+    """vnode numbers (1..n), largest first by Haizea's normalised size; ties keep vnode order."""
+    names = [f.name for f in fields(Res)]
+    peaks = {n: max(getattr(v, n) for v in vnodes) for n in names}
+
+    def size(v: Res) -> float:
+        return sum(getattr(v, n) / peaks[n] for n in names if peaks[n])
+
+    return sorted(range(1, len(vnodes) + 1), key=lambda i: -size(vnodes[i - 1]))
+
+
+@lru_cache(maxsize=4096)
+def smallest(vnodes: tuple[Res, ...]) -> Res:
+    """The component-wise minimum of a lease's vnodes: no vnode can go where this does not fit."""
+    return Res(*(min(getattr(v, f.name) for v in vnodes) for f in fields(Res)))
+
+
+@lru_cache(maxsize=1024)  # a trace asks the same few shapes again and again; each check is O(vnodes x nodes)
+def packs(vnodes: tuple[Res, ...], capacities: tuple[Res, ...]) -> bool:
+    """First-fit, largest first, into empty nodes: a lease failing this could never run, and queueing it
+    would keep a replay (or the live queue) waiting forever."""
+    free = list(capacities)
+    for v in size_order(vnodes):
+        need = vnodes[v - 1]
+        slot = next((i for i, f in enumerate(free) if need.fits_in(f)), None)
+        if slot is None:
+            return False
+        free[slot] = free[slot] - need
+    return True
+
+
+def summary(table: SlotTable, node: int, t: float) -> tuple[int, float]:
+    """At t on a node: how many leases are there, and when its availability or lease set next changes."""
+    leases, change, _ = summary_span(table, node, t)
+    return leases, change
+
+
+def summary_span(table: SlotTable, node: int, t: float) -> tuple[int, float, float]:
+    """summary, plus the node's next reservation start or end after t: the answer holds until then."""
+    rows = [(r.start, r.end, r.lease_id, r.alloc[node]) for r in table.reservations(start=t, node=node)]
+
+    def state_at(x: float) -> tuple[Res, frozenset[int]]:
+        used = Res()
+        leases: set[int] = set()
+        for a, b, lid, use in rows:
+            if a <= x < b:
+                used = used + use
+                leases.add(lid)
+        return used, frozenset(leases)
+
+    now = state_at(t)
+    # Back-to-back reservations of one lease with the same use (a VM and its shutdown) are one span, as in
+    # Haizea's availability window, so only a real change of availability or of lease set counts.
+    points = sorted({p for a, b, _, _ in rows for p in (a, b) if p > t})
+    change = next((x for x in points if state_at(x) != now), math.inf)
+    return len(now[1]), change, points[0] if points else math.inf

@@ -1,0 +1,1 @@
+"""The slot table's parts (see `leases.slottable`). PURE: no Django."""
