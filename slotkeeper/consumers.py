@@ -20,6 +20,7 @@ import weakref
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.layers import get_channel_layer
+from redis.exceptions import RedisError
 
 from slotkeeper import metrics
 from slotkeeper.events import CONSOLE_GROUP
@@ -29,7 +30,18 @@ log = logging.getLogger(__name__)
 
 COALESCE_S = 0.05
 # Close code for "the live channel is away, try again later": the page falls back to polling and reconnects.
-TRY_AGAIN_LATER = 1013
+# 4013, the private-use mirror of the standard 1013: Daphne's websocket library (autobahn) sends only 1000 and
+# 3000-4999 and raises on anything else, so a close with 1013 never left the server and the console stayed open
+# on a hub that no longer received anything.
+TRY_AGAIN_LATER = 4013
+# What the channel layer raises when it is away. channels_redis lets redis-py's errors through, and
+# redis.exceptions.ConnectionError derives from RedisError, not from the builtin ConnectionError: catching only
+# ConnectionError/OSError let a stopped Redis fail every console handshake with HTTP 500. TimeoutError: our own
+# bound on joining (JOIN_TIMEOUT_S) and redis-py's socket timeouts.
+LAYER_AWAY: tuple[type[BaseException], ...] = (RedisError, ConnectionError, OSError, TimeoutError)
+# A Redis that hangs rather than refuses must not hold a handshake open for ever.
+JOIN_TIMEOUT_S = 5.0
+GAUGE = "slotkeeper_websocket_clients"
 
 
 class Hub:
@@ -54,12 +66,18 @@ class Hub:
         self.lock = asyncio.Lock()
 
     async def join(self, console: ConsoleConsumer) -> None:
-        """Raises ConnectionError/OSError when the channel layer is away (the console then closes with 1013)."""
+        """Raises one of LAYER_AWAY when the channel layer is away (the console is then closed, TRY_AGAIN_LATER)."""
         async with self.lock:
             if self.receiver is None or self.receiver.done():
                 layer = get_channel_layer()
+                if self.channel is not None:
+                    # The previous receiver died with the layer: its group member would otherwise linger and
+                    # fill up with batches nobody reads when the same Redis comes back with its data.
+                    stale, self.channel = self.channel, None
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(layer.group_discard(CONSOLE_GROUP, stale), 2)
                 channel = await layer.new_channel()
-                await layer.group_add(CONSOLE_GROUP, channel)
+                await asyncio.wait_for(layer.group_add(CONSOLE_GROUP, channel), JOIN_TIMEOUT_S)
                 self.channel = channel
                 self.receiver = asyncio.get_running_loop().create_task(self._receive(layer, channel))
             self.consoles.add(console)
@@ -100,11 +118,15 @@ class Hub:
         except Exception:
             # The layer went away (Redis stopped). Every console is told to come back later; when they reconnect,
             # joining makes a new receiver once the layer answers again, and the pages resync on connect.
-            log.warning("console hub lost the channel layer", exc_info=True)
-            for console in list(self.consoles):
-                with contextlib.suppress(Exception):
+            consoles, self.consoles = list(self.consoles), set()
+            log.warning(
+                "console hub lost the channel layer: closing %d consoles", len(consoles), exc_info=True
+            )
+            for console in consoles:
+                try:
                     await console.close(code=TRY_AGAIN_LATER)
-            self.consoles.clear()
+                except Exception:
+                    log.warning("could not close a console", exc_info=True)
 
     async def _flush(self) -> None:
         # The first change after a quiet spell goes out at once; a burst is coalesced into one message per window.
@@ -135,6 +157,24 @@ def hub() -> Hub:
 
 
 class ConsoleConsumer(AsyncWebsocketConsumer):
+    # No channel of its own: the hub receives for every console of the process. With the default alias, channels
+    # gives each consumer a channel and keeps a receive on it open for the consumer's life; when Redis stopped,
+    # that receive raised inside the consumer, Daphne closed the socket with 1011 (not the "try again later" the page expects)
+    # and never called disconnect(), so the client gauge kept counting the dead socket. An alias that names no
+    # layer makes channels leave the layer to the hub.
+    channel_layer_alias = "console-consumers-use-the-hub"
+
+    counted = False
+
+    async def __call__(self, scope, receive, send):
+        # Every way out of a console, a close the client sent, one the hub sent, or the consumer failing, ends
+        # here, once: so the gauge is decremented exactly for the sockets it counted, and the hub forgets this
+        # console even when disconnect() was never called.
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._forget()
+
     async def connect(self):
         user = self.scope.get("user")
         role = await database_sync_to_async(role_of)(user) if user is not None else None
@@ -144,21 +184,29 @@ class ConsoleConsumer(AsyncWebsocketConsumer):
             return
         try:
             await hub().join(self)
-        except (ConnectionError, OSError):
+        except LAYER_AWAY:
             # The channel layer (Redis) is away: refuse with "try again later" rather than failing the handshake
-            # with a 500; the page falls back to polling and reconnects with backoff.
+            # with a 500; the page falls back to polling and reconnects with backoff. Accepted first, uncounted:
+            # a handshake refused before accept reaches the browser as HTTP 403 and close code 1006, and the page
+            # could not tell "Redis is away" from "the server is gone".
+            log.warning("console refused: the channel layer is away", exc_info=True)
+            await self.accept()
             await self.close(code=TRY_AGAIN_LATER)
             return
         await self.accept()
-        metrics.add_gauge("slotkeeper_websocket_clients", 1)
+        metrics.add_gauge(GAUGE, 1)
         self.counted = True
         await self.send(text_data=json.dumps({"event": "hello", "role": role}))
 
     async def disconnect(self, code):
-        await hub().leave(self)
-        if getattr(self, "counted", False):
-            metrics.add_gauge("slotkeeper_websocket_clients", -1)
+        await self._forget()
+
+    async def _forget(self) -> None:
+        if self.counted:
             self.counted = False
+            metrics.add_gauge(GAUGE, -1)
+        with contextlib.suppress(Exception):
+            await hub().leave(self)
 
     async def receive(self, text_data=None, bytes_data=None):
         if text_data == "ping":

@@ -1,16 +1,20 @@
-"""The console websocket: authenticated users only, "changed" events batched per connection."""
+"""The console websocket: authenticated users only, "changed" events batched per connection; when the channel layer
+(Redis) is away, consoles are refused or closed with 4013 ("try again later") and the client gauge stays true."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
 
 import pytest
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
+from channels_redis.core import RedisChannelLayer
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AnonymousUser
+from redis.exceptions import ConnectionError as RedisConnectionError
 
-from slotkeeper import events
+from slotkeeper import consumers, events, metrics
 from slotkeeper.consumers import ConsoleConsumer, hub
 from slotkeeper.management.commands.issue_token import grant_role
 
@@ -140,3 +144,139 @@ def test_the_hub_serves_consoles_on_successive_event_loops():
     layer = get_channel_layer()
     if hasattr(layer, "groups"):  # the in-memory layer shows its members; channels_redis keeps them in Redis
         assert layer.groups.get(events.CONSOLE_GROUP, {}) == {}
+
+
+# -- the channel layer going away (issue 15) -------------------------------------------------------------------
+
+
+async def clients() -> float:
+    """This process's slotkeeper_websocket_clients, as /metrics reports it (its other gauges read the database)."""
+    gauges = await sync_to_async(metrics.gauges)()
+    return sum(value for name, _labels, value in gauges if name == consumers.GAUGE)
+
+
+class LayerThatGoesAway:
+    """A channel layer that answers until `go_away()`, then fails the way channels_redis does when Redis stops:
+    its blocked receive raises redis-py's ConnectionError (a RedisError, not the builtin ConnectionError)."""
+
+    def __init__(self) -> None:
+        self.gone = asyncio.Event()
+        self.receives: list[str] = []
+
+    async def new_channel(self, prefix: str = "specific.") -> str:
+        return prefix + "fake!1"
+
+    async def group_add(self, group: str, channel: str) -> None:
+        if self.gone.is_set():
+            raise RedisConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+    async def group_discard(self, group: str, channel: str) -> None:
+        await self.group_add(group, channel)
+
+    async def receive(self, channel: str) -> dict:
+        self.receives.append(channel)
+        await self.gone.wait()
+        raise RedisConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+    def go_away(self) -> None:
+        self.gone.set()
+
+
+async def viewer(name: str):
+    return await sync_to_async(make_viewer)(name)
+
+
+async def test_a_console_connecting_while_redis_is_stopped_is_refused_with_try_again_later_not_a_500(
+    monkeypatch,
+):
+    """The real channels_redis against a port nobody listens on: the handshake is refused politely. Before, the
+    RedisError escaped connect() and Daphne answered the upgrade with HTTP 500."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed_port = s.getsockname()[1]
+    layer = RedisChannelLayer(hosts=[f"redis://127.0.0.1:{closed_port}/0"])
+    monkeypatch.setattr(consumers, "get_channel_layer", lambda: layer)
+    before = await clients()
+    console, connected, _ = await connect(await viewer("vera"))
+    # Accepted, then closed with the code: a refusal before accept would reach the browser as 403 / 1006.
+    assert connected
+    assert await console.receive_output(timeout=5) == {
+        "type": "websocket.close",
+        "code": consumers.TRY_AGAIN_LATER,
+    }
+    assert await clients() == before
+    assert hub().consoles == set()
+    await console.disconnect()
+    assert await clients() == before
+
+
+async def test_an_open_console_is_told_to_try_again_later_when_redis_goes_away_and_the_gauge_drops_to_the_truth(
+    monkeypatch,
+):
+    layer = LayerThatGoesAway()
+    monkeypatch.setattr(consumers, "get_channel_layer", lambda: layer)
+    before = await clients()
+    first, ok1, _ = await connect(await viewer("v1"))
+    second, ok2, _ = await connect(await viewer("v2"))
+    assert ok1 and ok2
+    assert await clients() == before + 2
+    # One receive on the layer for the whole process, none per console: a console's own receive was what died
+    # with 1011 when Redis stopped.
+    assert layer.receives == ["specific.fake!1"]
+
+    layer.go_away()
+    for console in (first, second):
+        await console.receive_json_from(timeout=5)  # hello
+        closed = await console.receive_output(timeout=5)
+        assert closed == {"type": "websocket.close", "code": consumers.TRY_AGAIN_LATER}
+        await console.disconnect()  # what Daphne sends once the socket is closed
+    assert await clients() == before
+
+    # While it stays away, a console that comes back is refused with the same code and never counted.
+    again, _, _ = await connect(await viewer("v3"))
+    assert await again.receive_output(timeout=5) == {
+        "type": "websocket.close",
+        "code": consumers.TRY_AGAIN_LATER,
+    }
+    assert await clients() == before
+    await again.disconnect()
+    assert await clients() == before
+
+
+async def test_the_gauge_counts_a_reconnected_console_once():
+    user = await viewer("vera")
+    before = await clients()
+    for _ in range(3):
+        console, connected, _ = await connect(user)
+        assert connected
+        assert await clients() == before + 1
+        await console.disconnect()
+        assert await clients() == before
+
+
+async def test_a_console_that_fails_is_uncounted_even_though_disconnect_is_never_called(monkeypatch):
+    async def fail(self, text_data=None, bytes_data=None):
+        raise RuntimeError("a bug in a handler")
+
+    monkeypatch.setattr(ConsoleConsumer, "receive", fail)
+    before = await clients()
+    console, connected, _ = await connect(await viewer("vera"))
+    assert connected and await clients() == before + 1
+    await console.send_to(text_data="ping")
+    with pytest.raises(RuntimeError, match="a bug in a handler"):
+        await console.wait(timeout=5)
+    assert await clients() == before
+    assert hub().consoles == set()
+
+
+def test_the_try_again_later_code_is_one_daphne_can_send():
+    """Daphne's websocket library refuses to send any close code but 1000 and 3000-4999: with 1013 the close
+    raised inside the hub and every console stayed open on a hub that heard nothing (seen in the e2e run)."""
+    from autobahn.websocket.protocol import WebSocketProtocol
+
+    sent = []
+    protocol = WebSocketProtocol()
+    protocol.state = WebSocketProtocol.STATE_OPEN
+    protocol.sendCloseFrame = lambda code=None, reasonUtf8=None, isReply=False: sent.append(code)
+    protocol.sendClose(code=consumers.TRY_AGAIN_LATER)
+    assert sent == [consumers.TRY_AGAIN_LATER]

@@ -1,7 +1,12 @@
 // Live console: one websocket per page carrying small "something changed" events. Each live region re-fetches
 // its own fragment (hx-trigger="<event> from:body"). On (re)connect the page first subscribes, then re-fetches
-// everything ("resync"), so nothing that changed while disconnected is missed. When the socket is down, a 5 s
-// polling fallback triggers the same resync; it stops once the socket is back.
+// everything ("resync"), so nothing that changed while disconnected is missed. When the socket is down (closed
+// with 4013 while Redis is away, or the server is gone), a 5 s polling fallback triggers the same resync; it
+// stops once the server says hello again.
+//
+// A fragment is morphed into the page (idiomorph), not swapped whole, and not at all when it renders the same
+// bytes as the last one: a re-render used to replace the element the operator was on, dropping focus to <body>
+// several times a second, closing tooltips and losing selections.
 (function () {
   "use strict";
   let socket = null;
@@ -11,6 +16,9 @@
   let pollTimer = null;
   let lastUpdate = null;
   const $ = (id) => document.getElementById(id);
+  // The longest wait between reconnection attempts: a console comes back within this of Redis returning.
+  const MAX_RETRY_MS = 8000;
+  const TRY_AGAIN_LATER = 4013;  // slotkeeper/consumers.py: "try again later" (1013 cannot be sent by Daphne)
 
   function setState(text, cls) {
     const el = $("live-state");
@@ -52,15 +60,19 @@
     if (!document.querySelector("[data-live]")) return;
     const scheme = location.protocol === "https:" ? "wss" : "ws";
     socket = new WebSocket(scheme + "://" + location.host + "/ws/console/");
-    socket.onopen = function () {
-      retry = 0;
-      stopPolling();
-      setState("live", "ok");
-      resync();
-    };
+    // Subscribed only when the server says hello: a socket the server accepts and then closes with 4013 (the
+    // channel layer is away) must not count as back, or every console would retry twice a second.
     socket.onmessage = function (msg) {
       let data;
       try { data = JSON.parse(msg.data); } catch (e) { return; }
+      if (data.event === "hello") {
+        retry = 0;
+        stopPolling();
+        document.body.dataset.liveHellos = String(Number(document.body.dataset.liveHellos || 0) + 1);
+        if (!paused) setState("live", "ok");
+        resync();
+        return;
+      }
       const events = data.event === "batch" ? data.events : [data];
       const seen = new Set();
       for (const ev of events) {
@@ -70,12 +82,133 @@
       }
     };
     socket.onclose = function (ev) {
+      document.body.dataset.liveClose = String(ev.code);
       if (ev.code === 4401) { setState("signed out", "warn"); return; }
-      setState("reconnecting… (polling)", "warn");
+      if (!paused) setState(ev.code === TRY_AGAIN_LATER ? "live channel away (polling)" : "reconnecting… (polling)", "warn");
       startPolling();
       retry = Math.min(retry + 1, 6);
-      setTimeout(connect, Math.round(500 * Math.pow(2, retry) * (0.5 + Math.random() / 2)));
+      const wait = Math.min(MAX_RETRY_MS, 500 * Math.pow(2, retry));
+      setTimeout(connect, Math.round(wait * (0.5 + Math.random() / 2)));
     };
+  }
+
+  // -- morphing: keep the operator's place -------------------------------------------------------------------
+
+  // FNV-1a over the fragment, without the per-render CSRF masks (a form's token differs on every render).
+  function fingerprint(text) {
+    const s = text.replace(/name="csrfmiddlewaretoken" value="[^"]*"/g, "");
+    let h = 0x811c9dc5;
+    for (let i = 0; i < s.length; i++) { h ^= s.charCodeAt(i); h = Math.imul(h, 0x01000193); }
+    return (h >>> 0).toString(16) + ":" + s.length;
+  }
+  const lastPrint = new Map();
+
+  function configureMorph() {
+    if (!window.Idiomorph) return;
+    // The value of the field the operator is typing in stays theirs.
+    Idiomorph.defaults.ignoreActiveValue = true;
+    // The operator's own state wins over the server's default: which <details> are open, and which element of
+    // a keyboard grid holds the tab stop.
+    Idiomorph.defaults.callbacks.beforeAttributeUpdated = function (name, el) {
+      if (name === "open" && el.tagName === "DETAILS") return false;
+      if (name === "tabindex" && el.hasAttribute("data-roving")) return false;
+      return true;
+    };
+    // A <time> shows local time when the operator asked for it: leave it alone while its instant is the same.
+    Idiomorph.defaults.callbacks.beforeNodeMorphed = function (oldNode, newNode) {
+      if (oldNode.nodeType === 1 && oldNode.tagName === "TIME" && newNode.nodeType === 1 &&
+          oldNode.getAttribute("datetime") === newNode.getAttribute("datetime") && oldNode.dataset.utc) {
+        return false;
+      }
+      return true;
+    };
+  }
+
+  function beforeSwap(e) {
+    const target = e.detail.target;
+    if (!target || !target.id || !target.hasAttribute("data-live") || !e.detail.shouldSwap) return;
+    const print = fingerprint(e.detail.serverResponse || "");
+    lastUpdate = Date.now();
+    if (lastPrint.get(target.id) === print) {
+      e.detail.shouldSwap = false;  // the same bytes as last time: nothing to change, so change nothing
+      document.body.dataset.unchangedSkips = String(Number(document.body.dataset.unchangedSkips || 0) + 1);
+      return;
+    }
+    lastPrint.set(target.id, print);
+    rememberGridFocus(target);
+  }
+
+  // -- keyboard grids (the slot table): one tab stop, arrow keys between cells ---------------------------------
+
+  let lostFocus = null;
+
+  function cellsOf(row) { return Array.from(row.querySelectorAll("[data-roving]")); }
+
+  function centre(el) {
+    const box = el.getBoundingClientRect();
+    return box.left + box.width / 2;
+  }
+
+  function moveTo(grid, el) {
+    if (!el) return;
+    grid.querySelectorAll('[data-roving][tabindex="0"]').forEach(function (o) { if (o !== el) o.setAttribute("tabindex", "-1"); });
+    el.setAttribute("tabindex", "0");
+    el.focus();
+  }
+
+  function nearestIn(row, x) {
+    const cells = cellsOf(row);
+    const bars = cells.filter(function (c) { return c.hasAttribute("data-bar"); });
+    if (!bars.length) return cells[0];
+    let best = bars[0];
+    for (const b of bars) { if (Math.abs(centre(b) - x) < Math.abs(centre(best) - x)) best = b; }
+    return best;
+  }
+
+  function gridKeys(e) {
+    const cell = e.target.closest && e.target.closest("[data-roving]");
+    const grid = cell && cell.closest("[data-grid]");
+    if (!grid || e.altKey || e.metaKey) return;
+    const rows = Array.from(grid.querySelectorAll("[role=row]"));
+    const row = cell.closest("[role=row]");
+    const cells = cellsOf(row);
+    const i = cells.indexOf(cell);
+    const r = rows.indexOf(row);
+    let next = null;
+    if (e.key === "ArrowRight") next = cells[i + 1];
+    else if (e.key === "ArrowLeft") next = cells[i - 1];
+    else if (e.key === "Home") next = e.ctrlKey ? cellsOf(rows[0])[0] : cells[0];
+    else if (e.key === "End") next = e.ctrlKey ? cellsOf(rows[rows.length - 1]).pop() : cells[cells.length - 1];
+    else if (e.key === "ArrowDown" || e.key === "ArrowUp") {
+      const other = rows[r + (e.key === "ArrowDown" ? 1 : -1)];
+      if (other) next = cell.hasAttribute("data-bar") ? nearestIn(other, centre(cell)) : cellsOf(other)[0];
+    } else return;
+    e.preventDefault();
+    e.stopPropagation();
+    moveTo(grid, next);
+  }
+
+  // A morph keeps a focused cell that still exists; one that went away (its reservation ended) hands focus to the
+  // nearest cell of its row rather than to <body>.
+  function rememberGridFocus(target) {
+    const active = document.activeElement;
+    lostFocus = null;
+    if (!active || !active.hasAttribute || !active.hasAttribute("data-roving") || !target.contains(active)) return;
+    const row = active.closest("[role=row]");
+    lostFocus = { el: active, row: row && row.getAttribute("data-node"), x: centre(active) };
+  }
+
+  function fixGridFocus() {
+    document.querySelectorAll("[data-grid]").forEach(function (grid) {
+      if (lostFocus && !document.contains(lostFocus.el)) {
+        const row = grid.querySelector('[role=row][data-node="' + CSS.escape(lostFocus.row || "") + '"]');
+        if (row) moveTo(grid, nearestIn(row, lostFocus.x));
+      }
+      // Exactly one tab stop, whatever came and went.
+      const stops = grid.querySelectorAll('[data-roving][tabindex="0"]');
+      if (!stops.length) { const first = grid.querySelector("[data-roving]"); if (first) first.setAttribute("tabindex", "0"); }
+    });
+    lostFocus = null;
   }
 
   function togglePause() {
@@ -83,7 +216,7 @@
     const btn = $("live-toggle");
     if (btn) { btn.textContent = paused ? "Resume" : "Pause"; btn.setAttribute("aria-pressed", String(paused)); }
     if (paused) { setState("paused", "warn"); return; }
-    setState(socket && socket.readyState === 1 ? "live" : "reconnecting…", socket && socket.readyState === 1 ? "ok" : "warn");
+    setState(pollTimer ? "reconnecting… (polling)" : "live", pollTimer ? "warn" : "ok");
     if (missed) { missed = false; resync(); }
   }
 
@@ -116,7 +249,11 @@
       tz.addEventListener("click", toggleTz);
     }
     showTimes(utc);
+    configureMorph();
+    document.body.addEventListener("htmx:beforeSwap", beforeSwap);
     document.body.addEventListener("htmx:afterSwap", function () { lastUpdate = Date.now(); showTimes(utc); });
+    document.body.addEventListener("htmx:afterSettle", fixGridFocus);
+    document.addEventListener("keydown", gridKeys, true);
     const btn = $("live-toggle");
     if (btn) btn.addEventListener("click", togglePause);
     document.addEventListener("keydown", function (e) {

@@ -215,6 +215,8 @@ class ConsoleSocket:
         self.events: list[dict] = []
         self.hellos = 0
         self.errors: list[str] = []
+        # The close code of every connection that ended (4013: "try again later", the channel layer is away).
+        self.closes: list[int] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._ws: ClientConnection | None = None
@@ -276,7 +278,12 @@ class ConsoleSocket:
                     self._ws = ws
                     for raw in ws:
                         self._take(raw)
-            except (OSError, ConnectionClosed, InvalidHandshake, InvalidURI, TimeoutError) as exc:
+                if ws.close_code is not None:
+                    self.closes.append(ws.close_code)
+            except ConnectionClosed as exc:
+                self.closes.append(exc.rcvd.code if exc.rcvd is not None else 1006)
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+            except (OSError, InvalidHandshake, InvalidURI, TimeoutError) as exc:
                 self.errors.append(f"{type(exc).__name__}: {exc}")
             finally:
                 self._ws = None
@@ -556,6 +563,14 @@ class Cluster:
 
     def console(self, which: int) -> ConsoleSocket:
         return ConsoleSocket(self.daphne_urls[which]).start()
+
+    def websocket_clients(self, which: int) -> float:
+        """One Daphne's slotkeeper_websocket_clients gauge, from its /metrics."""
+        text = requests.get(self.daphne_urls[which] + "/metrics", timeout=5).text
+        found = [
+            line.split()[-1] for line in text.splitlines() if line.startswith("slotkeeper_websocket_clients")
+        ]
+        return float(found[0]) if found else 0.0
 
     def online_nodes(self) -> int:
         return sum(1 for n in self.api(1).results("/api/nodes/") if n["status"] == "online")

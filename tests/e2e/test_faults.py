@@ -168,7 +168,7 @@ def test_with_redis_stopped_for_20_s_scheduling_goes_on_and_consoles_resync_when
         say("redis back")
         marks = a.mark(), b.mark()
         for console, mark in zip((a, b), marks, strict=True):
-            # Without Redis a console cannot stay subscribed: Daphne closes it (1011) and refuses new ones until
+            # Without Redis a console cannot stay subscribed: it is closed with 4013 and refused until
             # Redis is back; the console must then be subscribed again, not left on a socket that hears nothing.
             wait_for(lambda c=console: c.hellos >= 2, 30, f"the console on {console.base} to reconnect")
             wait_for(
