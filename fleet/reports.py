@@ -178,15 +178,25 @@ def sentence(
 
 
 def summary(
-    vm: Mapping[str, int], count: int, holds: Mapping[str, int], *, now: bool, window: str = ""
+    vm: Mapping[str, int],
+    count: int,
+    holds: Mapping[str, int],
+    *,
+    now: bool,
+    window: str = "",
+    largest: tuple[str, int] | None = None,
 ) -> str:
-    """ "needs 3 × (1 core, 4 GiB); the fleet holds 2 now: n1 1, n2 1" — what would make it fit."""
+    """ "needs 3 × (1 core, 4 GiB); the fleet holds 2 now: n1 1, n2 1", what would make it fit. `largest`: the node
+    with the most allocatable memory and that figure, named when the VM is larger than any node."""
     size = ", ".join(_text(d, vm[d]) for d in DIMENSIONS if vm.get(d))
     total = sum(holds.values())
     when = "now" if now else f"over {window}" if window else "in its window"
     top = sorted(holds.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
     listed = ", ".join(f"{name} {n}" for name, n in top if n)
-    return f"needs {count} × ({size}); the fleet holds {total} {when}" + (f": {listed}" if listed else "")
+    line = f"needs {count} × ({size}); the fleet holds {total} {when}" + (f": {listed}" if listed else "")
+    if not total and largest is not None and vm.get("mem", 0) > largest[1]:
+        line += f"; the largest, {largest[0]}, allocates at most {_text('mem', largest[1])}"
+    return line
 
 
 def _user(dim: str, value: int) -> float | int:

@@ -15,12 +15,13 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from fleet.capacity import BLIND, PERMANENT
 from fleet.models import PlacementReport, SweepState
-from leases import reads, store
+from leases import reads, store, vnodes
 from leases.alerts import raise_alert, resolve_open
 from leases.lifecycle import IllegalTransition
 from leases.models import Alert, Group, Lease, SchedulerState
-from leases.scheduler import Decision
+from leases.scheduler import Decision, LeaseRequest
 from slotkeeper import audit, events, metrics
 from slotkeeper.audit import actor_label
 from slotkeeper.domain import DomainError
@@ -127,6 +128,76 @@ def _report(plan: store.Planning, lease: Lease, decision: Decision, actor) -> Pl
     row = store.placement_report(plan, lease.pk, message=decision.message, requested_by=actor_label(actor))
     row.save()
     return row
+
+
+# The probe of a preview is no lease: an id no lease can have.
+PREVIEW_ID = -1
+
+
+def do_preview(actor, data: dict, *, now: datetime) -> tuple[dict, PlacementReport]:
+    """ "Would this fit now, and where?": `count` VMs of the given size with the given capabilities, from now for
+    `duration_s`, asked of the scheduler exactly as a submission is (the same verdicts as that lease's report
+    would give), kept as a report and audited; nothing is placed. Outcomes as the placer names them."""
+    size = vnodes.as_res({k: data[k] for k in ("cpu_cores", "mem_mib", "disk_gib")})
+    with store.planning(now) as plan:
+        others = [n.id for n in plan.nodes if n.name != data.get("preferred_node")]
+        preferred = data.get("preferred_node") and len(others) < len(plan.nodes)
+        probe = LeaseRequest(
+            id=PREVIEW_ID,
+            type="immediate",
+            submit=plan.t,
+            start=None,
+            duration=data.get("duration_s") or 3600,
+            vnodes=(size,) * data["count"],
+            preemptible=False,
+            avoid=frozenset(others) if preferred else frozenset(),
+            barred=store.barred_nodes(data["capabilities"], (), plan.nodes),
+        )
+        start, end = plan.t, plan.t + probe.duration
+        picked = plan.scheduler.propose(probe, start, end, plan.excluded)
+        names = {n.id: n.name for n in plan.nodes}
+        report = store.report_row(
+            plan, probe, start, end, outcome="", message="", subject="preview",
+            requested_by=actor_label(actor), proposed=picked,
+        )  # fmt: skip
+        report.outcome = _preview_outcome(picked, report.rows)
+        report.message = (
+            f"would run now on {', '.join(names[n] for n in picked)}" if picked else report.summary
+        )
+        note = ""
+        if preferred and picked and names[picked[0]] != data["preferred_node"]:
+            note = f"the preferred node {data['preferred_node']} cannot take it now; see its verdict"
+        report.preferred_note = note
+        report.save()
+        audit.record(
+            at=now,
+            actor=actor,
+            action="placement.preview",
+            target=report,
+            details={"outcome": report.outcome},
+        )
+    metrics.inc("slotkeeper_placements_total", kind="preview", outcome=report.outcome)
+    body = {
+        "outcome": report.outcome,
+        "nodes": list(report.chosen),
+        "message": report.message,
+        "preferred_note": note or None,
+        "report": report.pk,
+        "summary": report.summary,
+        "verdicts": report.rows,
+    }
+    return body, report
+
+
+def _preview_outcome(picked: list[int], rows: list[dict]) -> str:
+    if picked:
+        return "placed"
+    codes = {r["reason_code"] for r in rows if not r["fit"]}
+    if codes and codes <= {str(c) for c in PERMANENT}:
+        return "no_capable_node"
+    if not codes or codes <= {str(c) for c in BLIND}:
+        return "fleet_unreadable"
+    return "fleet_at_capacity"
 
 
 def do_cancel_lease(actor, lease_id: int, *, now: datetime, reason: str = "") -> Lease:

@@ -126,12 +126,6 @@ class Scheduler(Explaining):
             self._process_queue(now)
             self._run_events(now)
 
-    def _use_exclusions(self, excluded: Mapping[int, str] | None) -> None:
-        # The room counts are sums over the usable nodes: a different set of exclusions makes them wrong.
-        if (excluded or {}) != self._excluded:
-            self._room.clear()
-        self._excluded = excluded or {}
-
     def _recheck_due(self, now: float) -> list[tuple[int, str]]:
         """A reservation that comes due is checked again: a best-effort lease whose next reservation would start
         on a node that has become unusable (draining, offline, dead, stale health) is requeued before it starts,

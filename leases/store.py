@@ -302,8 +302,33 @@ def placement_report(
         start = req.start if req.start is not None else plan.t
         end = start + req.duration
         outcome = "queued" if rec.state in (LeaseState.QUEUED, LeaseState.SUSPENDED_QUEUED) else "rejected"
-    explained = sched.explain(req, start, end, chosen=chosen, excluded=plan.excluded)
+    return report_row(
+        plan, req, start, end, outcome=outcome, message=message, chosen=chosen,
+        requested_by=requested_by, subject=subject or f"lease:{lease_id}",
+    )  # fmt: skip
+
+
+def report_row(
+    plan: Planning,
+    req: LeaseRequest,
+    start: float,
+    end: float,
+    *,
+    outcome: str,
+    message: str,
+    subject: str,
+    requested_by: str = "",
+    chosen: Mapping[int, Res] | None = None,
+    proposed: Sequence[int] = (),
+) -> PlacementReport:
+    """An unsaved report of `req` over [start, end): what it holds (`chosen`, added back) or would take
+    (`proposed`), and every node's verdict, stored compactly (fleet/reports.py)."""
+    sched = plan.scheduler
+    explained = sched.explain(
+        req, start, end, chosen=chosen, proposed=proposed, excluded=plan.excluded, now=plan.t
+    )
     names = {n.id: n.name for n in plan.nodes}
+    picked = list(chosen or {}) or list(proposed)
     holds = {names.get(v.node, str(v.node)): v.holds for v in explained.verdicts if v.holds and not v.chosen}
     size = explained.vm
     summary = reports.summary(
@@ -312,10 +337,11 @@ def placement_report(
         holds,
         now=start <= plan.t,
         window=f"{sched.label(start)}–{sched.label(end)}",
+        largest=max(((n.name, node_capacity(n).mem) for n in plan.nodes), key=lambda x: x[1], default=None),
     )
     return PlacementReport(
         created_at=plan.now,
-        subject=subject or f"lease:{lease_id}",
+        subject=subject,
         request={
             "type": req.type,
             "vnodes": [vnodes.as_json(v) for v in req.vnodes],
@@ -323,7 +349,7 @@ def placement_report(
         },
         outcome=outcome,
         message=message,
-        chosen=sorted({names.get(n, str(n)) for n in chosen}),
+        chosen=[names.get(n, str(n)) for n in picked],
         verdicts=reports.encode(explained.verdicts, start=start, end=end, summary=summary),
         requested_by=requested_by,
     )

@@ -310,6 +310,13 @@ class PreviewSerializer(StrictSerializer):
     preferred_node = serializers.CharField(
         required=False, allow_null=True, allow_blank=True, default=None, max_length=100
     )
+    duration_s = StrictFloatField(
+        min_value=1,
+        max_value=10 * 365 * 86400,
+        required=False,
+        default=3600,
+        help_text="How long the VMs would run from now: the window the verdicts are about.",
+    )
 
 
 class VerdictSerializer(serializers.Serializer):
@@ -344,6 +351,9 @@ class PlacementResultSerializer(serializers.Serializer):
     message = serializers.CharField()
     preferred_note = serializers.CharField(allow_null=True, required=False)
     report = serializers.IntegerField(help_text="Id of the stored placement report.")
+    summary = serializers.CharField(
+        required=False, help_text="What the fleet holds of the request, in one line."
+    )
     verdicts = VerdictSerializer(many=True)
 
 

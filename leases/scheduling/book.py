@@ -119,6 +119,12 @@ class PlanBook:
         """Record that a reservation was changed from outside (a vnode moved by a reschedule)."""
         self._journal(now, r, "reservation_changed")
 
+    def _use_exclusions(self, excluded: Mapping[int, str] | None) -> None:
+        # The room counts are sums over the usable nodes: a different set of exclusions makes them wrong.
+        if (excluded or {}) != self._excluded:
+            self._room.clear()
+        self._excluded = excluded or {}
+
     def _enqueue(self, rec: LeaseRecord) -> None:
         self._seq += 1
         insort(self._queue, (rec.request.submit, self._seq, rec.request.id))

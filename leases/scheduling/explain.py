@@ -62,18 +62,28 @@ class Explaining(EventLoop):
         end: float,
         *,
         chosen: Mapping[int, Res] | None = None,
+        proposed: Sequence[int] = (),
         excluded: Mapping[int, str] | None = None,
+        now: float | None = None,
     ) -> Explanation:
         """Every node's verdict for `req` over [start, end). `chosen`: what the lease itself holds per node when it
         was placed (added back, so its own nodes show what they held for it); `excluded`: the nodes ruled out
-        before mapping, with "code: sentence" (default: the last pass's exclusions)."""
+        before mapping, with "code: sentence" (default: the last pass's exclusions); `proposed`: the nodes a
+        dry run would choose (marked, nothing added back)."""
         own = chosen or {}
+        picked = list(own) or list(proposed)
+        now = self._now if now is None else now
         ruled_out = self._excluded if excluded is None else excluded
         vm = req.vnodes[size_order(req.vnodes)[0] - 1]
         count = len(req.vnodes)
         table = self.table
-        ranks = {n: i + 1 for i, n in enumerate(self._host_order(table, req, start, end - start, None))}
-        extra = self._now_extra if start <= self._now else {}
+        # The mapper's order: the nodes it chose first (it fills nodes in its order, so they led it), then the
+        # rest as it would try them now.
+        order = [n for n in own] + [
+            n for n in self._host_order(table, req, start, end - start, None) if n not in own
+        ]
+        ranks = {n: i + 1 for i, n in enumerate(order)}
+        extra = self._now_extra if start <= now else {}
         taken = dict(req.taken)
         barred = dict(req.barred)
         out = []
@@ -99,12 +109,12 @@ class Explaining(EventLoop):
                 continue
             holds = min(holds, allowed)
             if holds:
-                out.append(_verdict(node, holds, None, vm, free, cap, ranks.get(node), chosen=node in own))
+                out.append(_verdict(node, holds, None, vm, free, cap, ranks.get(node), chosen=node in picked))
                 continue
             dim = _short(vm, free)
             if dim == "disk":
                 code = _R.NO_DISK
-            elif start <= self._now and not _copies(vm, self._free_now(node, start, own, extra)):
+            elif start <= now and not _copies(vm, self._free_now(node, start, own, extra)):
                 code = _R.AT_CAPACITY  # short right now, not only later in the window
             else:
                 code = _R.RESERVED
@@ -114,6 +124,17 @@ class Explaining(EventLoop):
                 blockers = tuple(sorted(lids))
             out.append(_verdict(node, 0, code, vm, free, cap, ranks.get(node), dim=dim, blockers=blockers))
         return Explanation(start, end, vm, count, tuple(out))
+
+    def propose(self, req: LeaseRequest, start: float, end: float, excluded: Mapping[int, str]) -> list[int]:
+        """A dry run: the nodes the mapper would choose for `req` over [start, end) as the plan stands, in its
+        order (empty when it fits nowhere). Nothing changes; `req.id` must not be a lease's."""
+        self._use_exclusions(excluded)
+        try:
+            found = self._map(self.table, req, start, end, True, None)
+        finally:
+            for memo in (self._orders, self._smallest, self._barred):
+                memo.pop(req.id, None)
+        return list(dict.fromkeys(found[0][v] for v in sorted(found[0]))) if found else []
 
     def _free_now(self, node: int, t: float, own: Mapping[int, Res], extra: Mapping[int, Res]) -> Res:
         free = self.table.available_at(node, t)

@@ -277,7 +277,7 @@ class TestPreview:
         body = response.json()
         assert body["outcome"] == "no_capable_node"
         # architect is the largest: 65536 MiB less its 4096 MiB reserve and 5000 MiB idle baseline.
-        assert "the largest, architect, offers at most 56440 MiB" in body["message"]
+        assert "the largest, architect, allocates at most 56,440 MiB" in body["message"]
 
     def test_a_missing_capability_is_no_capable_node(self, operator, register_node):
         self.fleet(register_node)

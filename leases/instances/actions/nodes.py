@@ -16,9 +16,9 @@ from datetime import datetime
 from django.db import transaction
 
 from fleet import actions as fleet_actions
-from fleet import capacity, placement
 from fleet.actions import HealthReport
 from fleet.models import Node, NodeStatus
+from leases import actions as lease_actions
 from leases.instances import reads
 from leases.instances.actions import drains, loss, reports
 from slotkeeper import planlock
@@ -51,27 +51,10 @@ def do_declare_dead(actor, node_id: int, *, reason: str, now: datetime) -> Node:
 
 
 def do_preview_placement(actor, data: dict, *, now: datetime) -> dict:
-    """A "what if" placement with the instances' claims counted, kept as a report and audited (fleet's action):
-    `data` is the API's validated preview request (fleet/api/serializers.py's PreviewSerializer), the answer is
-    the API's body. The API and the console's form both call this, so they show the same verdicts."""
-    need = capacity.Need(
-        mem_mib=data["mem_mib"],
-        disk_gib=data["disk_gib"],
-        cpu_cores=data["cpu_cores"],
-        capabilities=frozenset(data["capabilities"]),
-        count=data["count"],
-        preferred_node=data["preferred_node"] or None,
-    )
-    states = placement.snapshot(now, claims=reads.claims())
-    result, report = fleet_actions.do_preview_placement(actor, need, states=states, now=now)
-    return {
-        "outcome": str(result.outcome),
-        "nodes": list(result.nodes),
-        "message": result.message,
-        "preferred_note": result.preferred_note,
-        "report": report.pk,
-        "verdicts": report.rows,
-    }
+    """A "what if" placement, asked of the scheduler as a submission would be (leases/actions.py do_preview): the
+    API and the console's form both call this, so they show the same verdicts as a lease's report."""
+    body, _ = lease_actions.do_preview(actor, data, now=now)
+    return body
 
 
 def sweep(now: datetime) -> fleet_actions.SweepResult:

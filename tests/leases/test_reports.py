@@ -1,0 +1,178 @@
+"""Every scheduler decision explains itself node by node (docs/capacity.md): the lease's report after a submission
+(placed, queued, rejected) and after the queue places it later, in the API's shape."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from fleet import reports
+from fleet.capacity import ReasonCode
+from fleet.models import Node, PlacementReport
+from leases import actions as lease_actions
+from leases.models import Lease
+from tests.leases.conftest import vm
+
+pytestmark = pytest.mark.django_db
+
+
+def submit(client, **body):
+    payload = {"name": "job", "type": "best_effort", "duration_s": 3600, "nodes": [vm()], **body}
+    return client.post("/api/leases/", payload, format="json")
+
+
+def latest_report(client, lease_id: int) -> dict:
+    return client.get(f"/api/leases/{lease_id}/").json()["placement_reports"][0]
+
+
+def test_a_placed_lease_marks_its_chosen_node_and_says_what_every_node_holds(operator, fleet):
+    response = submit(operator, type="immediate", nodes=[vm(cores=2, mem=4096)])
+    assert response.status_code == 201
+    report = latest_report(operator, response.json()["id"])
+    chosen = [v for v in report["verdicts"] if v["chosen"]]
+    lease = Lease.objects.get(pk=response.json()["id"])
+    assert [v["node_id"] for v in chosen] == [lease.reservations.get(kind="vm").nodes["1"]]
+    assert report["verdicts"][0]["chosen"], "the chosen node is listed first"
+    assert report["chosen"] == [chosen[0]["node"]]
+    # Every node of 4 cores and 8 GiB holds two VMs of 2 cores and 4 GiB; the chosen one held this one too.
+    assert {v["holds"] for v in report["verdicts"]} == {1}  # capped at the lease's own VM count
+    assert all(v["fit"] and v["reason_code"] is None for v in report["verdicts"])
+    assert [v["rank"] for v in report["verdicts"]] == sorted(v["rank"] for v in report["verdicts"])
+    assert report["counts"] == {"evaluated": 4, "fit": 4}
+    assert report["summary"].startswith("needs 1 × (2 cores, 4 GiB)")
+
+
+def test_a_rejected_lease_shows_no_node_as_fit_and_gives_every_node_its_reason_in_user_units(operator, fleet):
+    Node.objects.filter(name="n4").update(status="draining", drain_reason="maintenance")
+    for _ in range(3):
+        assert submit(operator, type="immediate", nodes=[vm(cores=1, mem=6144)]).status_code == 201
+    response = submit(operator, type="immediate", nodes=[vm(cores=1, mem=4096)] * 2)
+    assert response.status_code == 409
+    body = response.json()
+    by_node = {v["node"]: v for v in body["verdicts"]}
+    assert not any(v["fit"] for v in by_node.values())
+    assert all(v["holds"] == 0 and v["reason_code"] and v["reason"] for v in by_node.values())
+    assert by_node["n4"]["reason_code"] == ReasonCode.DRAINING
+    busy = [by_node[n] for n in ("n1", "n2", "n3")]
+    assert {v["reason_code"] for v in busy} == {ReasonCode.AT_CAPACITY}
+    assert all(
+        "2 GiB of memory free now of 8 GiB allocatable; one VM needs 4 GiB" in v["reason"] for v in busy
+    )
+    assert all(len(v["blockers"]) == 1 for v in busy)
+    assert busy[0]["numbers"]["dimension"] == "mem"
+    assert (busy[0]["numbers"]["need"], busy[0]["numbers"]["free"], busy[0]["numbers"]["allocatable"]) == (
+        4096,
+        2048,
+        8192,
+    )
+
+
+def test_an_advance_reservation_blocked_later_in_its_window_is_reserved_naming_the_lease_in_the_way(
+    operator, fleet
+):
+    start = (timezone.now() + timedelta(hours=1)).replace(microsecond=0)
+    blockers = []
+    for _ in range(4):
+        r = submit(
+            operator, type="advance_reservation", start=start.isoformat(), nodes=[vm(cores=4, mem=8192)]
+        )
+        blockers.append(r.json()["id"])
+    response = submit(operator, type="advance_reservation", start=start.isoformat(), nodes=[vm()])
+    assert response.status_code == 409
+    verdicts = response.json()["verdicts"]
+    assert {v["reason_code"] for v in verdicts} == {ReasonCode.RESERVED}
+    assert sorted(b for v in verdicts for b in v["blockers"]) == sorted(blockers)
+
+
+def test_a_node_without_the_capability_is_never_fit_and_the_capable_one_is_chosen(operator, fleet):
+    Node.objects.filter(name="n3").update(capabilities=["accel.gpu"])
+    response = submit(operator, type="immediate", nodes=[vm()], capabilities=["accel.gpu"])
+    assert response.status_code == 201
+    report = latest_report(operator, response.json()["id"])
+    by_node = {v["node"]: v for v in report["verdicts"]}
+    assert by_node["n3"]["chosen"] and by_node["n3"]["fit"]
+    for name in ("n1", "n2", "n4"):
+        assert (by_node[name]["fit"], by_node[name]["reason_code"]) == (False, ReasonCode.MISSING_CAPABILITY)
+        assert "accel.gpu" in by_node[name]["reason"]
+
+
+def test_a_queued_lease_the_tick_places_later_keeps_its_capability_and_gets_a_report_for_that_placement(
+    operator, fleet
+):
+    Node.objects.filter(name="n3").update(capabilities=["accel.gpu"])
+    first = submit(
+        operator, type="immediate", duration_s=600, nodes=[vm(cores=4, mem=8192)], capabilities=["accel.gpu"]
+    )
+    assert first.status_code == 201
+    queued = submit(operator, nodes=[vm(cores=4, mem=8192)], capabilities=["accel.gpu"])
+    lease = Lease.objects.get(pk=queued.json()["id"])
+    assert lease.state in ("queued", "ready")  # waits for n3 (ready: reserved for when n3 frees up)
+    assert latest_report(operator, lease.pk)["outcome"] in ("queued", "placed")
+    lease_actions.do_cancel_lease(None, first.json()["id"], now=timezone.now())
+    lease_actions.advance(timezone.now() + timedelta(seconds=1))
+    lease.refresh_from_db()
+    assert lease.state == "active"
+    assert lease.reservations.get(kind="vm", status="active").nodes == {"1": Node.objects.get(name="n3").pk}
+    report = latest_report(operator, lease.pk)
+    assert report["outcome"] == "placed"
+    assert [v["node"] for v in report["verdicts"] if v["chosen"]] == ["n3"]
+
+
+def test_a_report_at_a_thousand_nodes_is_stored_in_under_40_kib():
+    class V:
+        def __init__(self, node):
+            self.node, self.holds, self.code, self.dim = (
+                node,
+                node % 3,
+                None if node % 3 else "at_capacity",
+                "mem",
+            )
+            self.need, self.free, self.allocatable = 10240, 123456, 258048
+            self.rank, self.chosen, self.blockers, self.note = (
+                node,
+                node == 1,
+                (node,) if node % 7 == 0 else (),
+                "",
+            )
+
+    blob = reports.encode([V(n) for n in range(1, 1001)], start=1.8e9, end=1.8e9 + 3600, summary="x")
+    assert len(json.dumps(blob)) < 40 * 1024
+    rows = reports.decode(blob, {n: f"node-{n:04d}" for n in range(1, 1001)})
+    assert len(rows) == 1000 and rows[0]["chosen"] and rows[0]["node"] == "node-0001"
+    assert sum(1 for r in rows if r["fit"]) == 667
+
+
+def test_a_report_stored_before_reports_were_compact_still_reads(operator, fleet):
+    old = PlacementReport.objects.create(
+        created_at=timezone.now(),
+        subject="preview",
+        request={},
+        outcome="placed",
+        message="old",
+        verdicts=[{"node": "n1", "node_id": 1, "fit": True, "reason_code": None, "reason": None, "slots": 2,
+                   "headroom": 90.0, "numbers": {}}],
+    )  # fmt: skip
+    assert old.rows[0]["node"] == "n1"
+    assert operator.get(f"/api/placement/reports/{old.pk}/").json()["verdicts"][0]["slots"] == 2
+
+
+def test_a_preview_and_the_report_of_the_same_lease_give_the_same_verdicts(operator, fleet):
+    Node.objects.filter(name="n2").update(capabilities=["accel.gpu"])
+    Node.objects.filter(name="n3").update(status="draining", drain_reason="maintenance")
+    submit(operator, type="immediate", nodes=[vm(cores=3, mem=6144)])  # something in the way on one node
+    ask = {"count": 2, "cpu_cores": 1, "mem_mib": 4096, "duration_s": 600}
+    preview = operator.post("/api/placement/preview", ask, format="json")
+    assert preview.status_code == 200, preview.content
+    lease = submit(operator, type="immediate", duration_s=600, nodes=[vm(cores=1, mem=4096)] * 2)
+    assert lease.status_code == 201
+    report = latest_report(operator, lease.json()["id"])
+
+    def key(rows):
+        return sorted((v["node"], v["fit"], v["holds"], v["reason_code"], v["chosen"]) for v in rows)
+
+    assert key(preview.json()["verdicts"]) == key(report["verdicts"])
+    assert preview.json()["nodes"] == report["chosen"]
+    assert preview.json()["outcome"] == "placed"
