@@ -7,12 +7,12 @@ decision rule lives in capacity.py, so the live service, the preview API and the
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from datetime import datetime
 
 from django.conf import settings
 
-from fleet import capacity
+from fleet import capacity, reports
 from fleet.models import Node, PlacementReport
 
 # Commitments per node id: (running claims, pending claims). Fleet does not know what runs on its nodes; the
@@ -113,24 +113,6 @@ def place(
     )
 
 
-def verdict_rows(placement: capacity.Placement, ids_by_name: Mapping[str, int] | None = None) -> list[dict]:
-    # Built field by field: dataclasses.asdict deep-copies every number and was most of a report's cost.
-    ids = ids_by_name or {}
-    return [
-        {
-            "node": v.node,
-            "node_id": ids.get(v.node),
-            "fit": v.fit,
-            "reason_code": None if v.reason_code is None else str(v.reason_code),
-            "reason": v.reason,
-            "slots": v.slots,
-            "headroom": v.headroom,
-            "numbers": dict(v.numbers),
-        }
-        for v in placement.verdicts
-    ]
-
-
 def report_row(
     now: datetime,
     subject: str,
@@ -149,9 +131,53 @@ def report_row(
         message=placement.message,
         chosen=list(placement.nodes),
         preferred_note=placement.preferred_note or "",
-        verdicts=verdict_rows(placement, ids_by_name),
+        verdicts=compact_verdicts(need, placement, ids_by_name or {}),
         requested_by=requested_by,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    """A placer verdict in the stored report's shape (fleet/reports.py). The placer's own sentence is kept for
+    every node it refused: it names figures (observed, committed, effective use) only the placer has."""
+
+    node: int
+    holds: int
+    code: str | None
+    dim: str
+    need: int
+    free: int
+    allocatable: int
+    rank: int | None
+    chosen: bool
+    blockers: tuple[int, ...] = ()
+    note: str = ""
+
+
+def compact_verdicts(need: capacity.Need, placement: capacity.Placement, ids: Mapping[str, int]) -> dict:
+    chosen = set(placement.nodes)
+    rows = []
+    for rank, v in enumerate(placement.verdicts, start=1):
+        disk = v.reason_code == capacity.ReasonCode.NO_DISK
+        numbers = v.numbers
+        free = numbers.get("disk_free_gib", 0) if disk else numbers.get("free_mib", 0)
+        limit = numbers.get("limit_disk_gib" if disk else "limit_mem_mib", -1)
+        rows.append(
+            _Row(
+                node=ids.get(v.node, 0),
+                holds=(v.slots or 0) if v.fit else 0,
+                code=None if v.reason_code is None else str(v.reason_code),
+                dim="disk" if disk else "mem",
+                need=need.disk_gib if disk else need.mem_mib,
+                free=int(free or 0),
+                allocatable=int(limit),
+                rank=rank if v.fit or v.slots is not None else None,
+                chosen=v.node in chosen,
+                note=v.reason or "",
+            )
+        )
+    headroom = [v.headroom for v in placement.verdicts]
+    return reports.encode(rows, start=None, end=None, summary=placement.message, headroom=headroom)
 
 
 def record(

@@ -123,7 +123,7 @@ def decode(
             "dimension": dim,
             "need": _user(dim, wanted),
             "free": _user(dim, b["free"][i]),
-            "allocatable": _user(dim, b["alloc"][i]),
+            "allocatable": _user(dim, b["alloc"][i]) if b["alloc"][i] >= 0 else None,
             "window_start": window[0],
             "window_end": window[1],
         }

@@ -20,6 +20,6 @@ def test_a_preview_keeps_its_report_with_every_node_and_is_audited():
     states = placement.snapshot(now)
     result, report = actions.do_preview_placement(None, capacity.Need(mem_mib=2048), states=states, now=now)
     assert PlacementReport.objects.get(pk=report.pk).subject == "preview"
-    assert [v["node"] for v in report.verdicts] == ["tank"]
+    assert [v["node"] for v in report.rows] == ["tank"]
     assert str(result.outcome) == report.outcome
     assert AuditEntry.objects.filter(action="placement.preview", target_id=str(report.pk)).exists()

@@ -31,8 +31,8 @@ def test_a_dead_node_loses_its_instances_and_an_approved_reschedule_moves_them(f
     proposal = Reschedule.objects.get(instance=inst)
     assert proposal.status == "pending"
     assert proposal.proposed_node_id not in (None, dead.pk)
-    assert len(proposal.report.verdicts) == 4
-    assert next(v for v in proposal.report.verdicts if v["node"] == dead.name)["reason_code"] == "dead"
+    assert len(proposal.report.rows) == 4
+    assert next(v for v in proposal.report.rows if v["node"] == dead.name)["reason_code"] == "dead"
 
     [result] = reschedules.do_approve(None, [proposal.pk], now=now + timedelta(seconds=1))
     assert result.ok, result.message

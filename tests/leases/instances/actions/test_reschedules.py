@@ -58,6 +58,6 @@ def test_two_evacuations_of_an_anti_affinity_group_never_share_the_survivor(db):
     assert landed.count() == 1
     pending = Reschedule.objects.get(status="pending")
     assert pending.blocked_by == "anti_affinity"
-    verdict = next(v for v in pending.report.verdicts if v["node"] == survivor.name)
+    verdict = next(v for v in pending.report.rows if v["node"] == survivor.name)
     assert verdict["reason_code"] == "anti_affinity"
     assert f"group web already has instance {landed.get().iid} here" in verdict["reason"]
