@@ -82,7 +82,7 @@ class Backfilling(Mapper):
             or (self.config.suspension == "serial-only" and len(req.vnodes) > 1)
         )
         only = set(rec.images.values()) if resuming and self.config.migration == "no" else None
-        threshold = self.timing.threshold(req, resuming)
+        threshold = self.timing.threshold_for(rec)
         plan = self._first_fit(rec, [now], now, duration, threshold, strict, only)
         if plan is None and allow_future:
             plan = self._first_fit(rec, self._future_points(now), now, duration, threshold, strict, only)
