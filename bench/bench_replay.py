@@ -50,6 +50,13 @@ RUNS: dict[str, tuple[Path, Path | None, str, float]] = {
     "60": (BLUE / "60days.swf", None, "Haizea 1.1: not measured", 20.0),
 }
 
+# Haizea 1.1's outcome, as it prints it (ARs accepted, last best-effort end in s, mean wait in s, bounded
+# slowdown to 0.1, utilisation to 0.001): a run that does not reproduce it says so.
+HAIZEA_OUTCOME: dict[str, tuple[int, int, int, float, float]] = {
+    "30": (0, 2_651_340, 3_763, 15.6, 0.687),
+    "30i": (94, 2_920_554, 4_423, 18.0, 0.712),
+}
+
 
 def run(
     trace_path: Path,
@@ -58,6 +65,7 @@ def run(
     haizea: str = "",
     target: float = 0,
     as_json: bool = False,
+    outcome: tuple[int, int, int, float, float] | None = None,
 ) -> None:
     trace = load_workload(trace_path, injection)
     capacities, config = setup(trace, read_config(config_path))
@@ -79,6 +87,19 @@ def run(
     )
     if haizea:
         print(f"  {haizea}")
+    if outcome:
+        ours = (
+            m.ar_accepted,
+            round(m.last_best_effort_end_s or 0),
+            round(m.mean_wait_s or 0),
+            round(m.mean_bounded_slowdown or 0, 1),
+            round(m.utilisation, 3),
+        )
+        print(
+            "  outcome: the same as Haizea 1.1's"
+            if ours == outcome
+            else f"  outcome DIFFERS from Haizea 1.1's: {ours}"
+        )
     if as_json:
         row = {"run": name, "steps": result.steps, "cpu_s": round(cpu, 2), "metrics": dataclasses.asdict(m)}
         print(json.dumps(row))
@@ -100,7 +121,8 @@ def main() -> None:
         return
     for name, (trace, injection, haizea, target) in RUNS.items():
         if not args.only or args.only == name:
-            run(trace, injection, args.config, haizea, target, args.json)
+            outcome = HAIZEA_OUTCOME.get(name) if args.config == DEFAULT_CONFIG else None
+            run(trace, injection, args.config, haizea, target, args.json, outcome)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from leases.scheduling.records import (
     Plan,
     Spec,
 )
+from leases.slottable import Res
 
 _S = LeaseState
 
@@ -35,6 +36,7 @@ class Backfilling(Mapper):
     def _process_queue(self, now: float) -> None:
         waiting: list[tuple[float, int, int]] = []
         stopped = False
+        room: dict[Res, list[int]] = {}  # copies of a unit that fit now (bound, count; -1 = not counted yet)
         for entry in self._queue:
             if stopped:
                 waiting.append(entry)
@@ -47,16 +49,40 @@ class Backfilling(Mapper):
                 stopped = True
                 continue
             rec = self.leases[entry[2]]
+            # Without a future reservation to hand out, a lease can only start now, and _could_start's test
+            # for now is the same for every lease of one smallest vnode until something is committed: asked
+            # once per pass, not once per queued lease (most of the queue fails it at most events).
+            if not future and not self._room_now(rec.request, now, room):
+                waiting.append(entry)
+                stopped = self.config.backfilling == "off"
+                continue
             try:
                 plan = self._plan_asap(rec, now, allow_future=future)
                 if plan is None:
                     waiting.append(entry)
                     stopped = self.config.backfilling == "off"
                     continue
+                room.clear()
                 self._commit(rec, plan, now)
             except Exception as exc:
+                room.clear()
                 self._contain(rec, now, exc)
         self._queue = waiting
+
+    def _room_now(self, req: LeaseRequest, now: float, room: dict[Res, list[int]]) -> bool:
+        """_could_start(req, now, None), from the counts of this pass: the fleet-wide bound, then the room
+        counts only if some lease passes the bound. A lease pinned to its nodes (`only`) has at most as much
+        room as the whole fleet, so a lease this refuses could not start now either."""
+        unit = self._smallest_of(req)
+        got = room.get(unit)
+        if got is None:
+            got = room[unit] = [self.table.total_copies_at(unit, now), -1]
+        need = len(req.vnodes)
+        if got[0] < need:
+            return False
+        if got[1] < 0:
+            got[1] = self._room.total(now, unit, self._usable_nodes(), self._counter(unit, now))
+        return got[1] >= need
 
     def _cpu_full(self, now: float) -> bool:
         # The free CPU summed over the usable nodes is 0 exactly when every node's CPU is taken.
@@ -82,7 +108,7 @@ class Backfilling(Mapper):
             or (self.config.suspension == "serial-only" and len(req.vnodes) > 1)
         )
         only = set(rec.images.values()) if resuming and self.config.migration == "no" else None
-        threshold = self.timing.threshold(req, resuming)
+        threshold = self.timing.threshold_for(rec)
         plan = self._first_fit(rec, [now], now, duration, threshold, strict, only)
         if plan is None and allow_future:
             plan = self._first_fit(rec, self._future_points(now), now, duration, threshold, strict, only)

@@ -14,7 +14,6 @@ from leases.scheduling.records import (
     PREEMPTABLE_STATES,
     SHUTDOWN,
     SUSPEND,
-    SUSPENDED_STATES,
     VM,
     LeaseRecord,
     LeaseRequest,
@@ -102,7 +101,7 @@ class Preemption(Backfilling):
             self.config.suspension == "serial-only" and len(req.vnodes) > 1
         ):
             return False
-        if at - vm.start < self.timing.threshold(req, rec.state in SUSPENDED_STATES):
+        if at - vm.start < self.timing.threshold_for(rec):
             return False
         suspensions = self.timing.op_specs(SUSPEND, vm.nodes, req, at, forward=False)
         return min(s.start for s in suspensions) > max(vm.start, now)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+from leases.lifecycle import LeaseState
 from leases.scheduling.records import (
     MIGRATE,
     RESUME,
@@ -58,6 +59,13 @@ class Timing:
                 safe += self.estimate(req, self.config.resume_rate, self.config.override_resume_time)
             got = self._thresholds[key] = safe * (1 + self.config.scheduling_threshold_factor)
         return got
+
+    def threshold_for(self, rec: LeaseRecord) -> float:
+        """The threshold for a lease as it stands (§3.9): the resume estimate counts only while the lease waits
+        in the queue suspended (SUSPENDED_QUEUED), as in Haizea 1.1. A suspended future reservation re-planned
+        after an early end (SUSPENDED_PENDING) or a resumed lease being preempted is held to the suspend
+        estimate alone."""
+        return self.threshold(rec.request, rec.state == LeaseState.SUSPENDED_QUEUED)
 
     def op_specs(
         self, kind: str, mapping: Mapping[int, int], req: LeaseRequest, anchor: float, *, forward: bool

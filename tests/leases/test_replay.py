@@ -399,6 +399,23 @@ def test_a_sweep_replays_every_profile_trace_and_injection_one_line_and_one_csv_
     # preemption.lwf's own AR holds all 4 nodes 13:30-14:00, so the injected one (13:45-14:00) is rejected:
     # an AR never preempts another AR.
     assert [(r["ar_accepted"], r["ar_rejected"]) for r in rows[2:4]] == [("1", "1"), ("1", "0")]
+    # Every row's last best-effort end, worked out by hand:
+    # - wait.lwf: leases 1-3 fit before the injected AR (13:45) and 4-8 follow it, with or without suspension;
+    # - preemption.lwf + late.lwf, SR: the injected AR is decided first (requested at 13:00), so the 1-hour
+    #   lease runs 13:00-13:44:28, is suspended by 13:45, resumes 14:00-14:00:32 and runs its last 932 s;
+    # - preemption.lwf alone, SR: the worked example of SEMANTICS §10 (done at 14:31:04);
+    # - noSR: the lease never starts into an AR, so it runs 14:00-15:00 in both preemption rows.
+    ends = [(r["profile"], r["trace"], r["injection"], float(r["last_best_effort_end_s"])) for r in rows]
+    assert ends == [
+        ("SR", "wait", "late", at("15:15:00")),
+        ("SR", "wait", "", at("15:00:00")),
+        ("SR", "preemption", "late", at("14:16:04")),
+        ("SR", "preemption", "", at("14:31:04")),
+        ("noSR", "wait", "late", at("15:15:00")),
+        ("noSR", "wait", "", at("15:00:00")),
+        ("noSR", "preemption", "late", at("15:00:00")),
+        ("noSR", "preemption", "", at("15:00:00")),
+    ]
 
 
 def test_a_sweep_names_a_trace_it_cannot_find(tmp_path):

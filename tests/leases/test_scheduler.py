@@ -159,6 +159,24 @@ def test_a_best_effort_lease_starts_before_a_blocker_only_if_it_can_run_the_thre
     assert live(s, 1)[0] == first_vm
 
 
+def test_a_suspended_future_reservation_replanned_after_an_early_end_needs_only_the_suspend_threshold():
+    # §3.9: the resume estimate counts towards the threshold only while the lease waits in the queue
+    # (SUSPENDED_QUEUED); re-planned after an early end it is SUSPENDED_PENDING and needs 2 x 32 s, not 4 x 32.
+    s = make(1)
+    s.submit(ar(9, 0, 200, 50), 0)
+    s.submit(ar(8, 0, 650, 100), 0)
+    s.submit(be(1, 0, 2000), 0)  # runs 0-168, suspended 168-200 before AR 9
+    s.submit(LeaseRequest(2, "best_effort", 100, None, 1000, (F,), real_duration=300), 100)
+    while (t := s.next_event_time()) is not None:
+        s.advance(t)
+    # Lease 2 holds the future reservation (250, after AR 9), so lease 1 waits for it and is given the future
+    # slot at 750 (after AR 8). Lease 2 ends early at 550: lease 1 is re-planned there, and the 100 s before
+    # AR 8 (resume 550-582, run 582-618, suspend 618-650) pass 64 s though not 128 s.
+    assert live(s, 1, "resume") == [(550, 582, [1]), (750, 782, [1])]
+    assert live(s, 1) == [(0, 168, [1]), (582, 618, [1]), (782, 2578, [1])]
+    assert s.leases[1].end == 2578  # 168 + 36 + 1796 s of run time
+
+
 def test_with_suspension_none_the_threshold_is_zero_and_a_lease_never_starts_into_a_blocker():
     s = make(1, suspension="none")
     s.submit(ar(9, 0, 600, 600), 0)
