@@ -298,5 +298,5 @@ class Scheduler(Explaining):
             return f"lease {rec.request.id} queued at position {self.queue.index(rec.request.id) + 1}"
         if vm is None:
             return f"lease {rec.request.id} is {rec.state}"
-        nodes = ", ".join(str(n) for n in sorted(set(vm.nodes.values())))
-        return f"lease {rec.request.id} runs {self.label(vm.start)}–{self.label(vm.end)} on nodes {nodes}"
+        nodes = ", ".join(sorted(self.node_label(n) for n in set(vm.nodes.values())))
+        return f"lease {rec.request.id} runs {self.label(vm.start)}–{self.label(vm.end)} on {nodes}"

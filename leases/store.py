@@ -152,8 +152,16 @@ _cache = _Cache()
 
 
 def fleet_fingerprint(nodes: list[capacity.NodeState]) -> tuple:
-    """The nodes and their allocatable capacities: a change to either makes a cached scheduler stale."""
-    return tuple((n.id, node_capacity(n)) for n in nodes)
+    """The nodes, their names (messages use them) and their allocatable capacities: a change to any makes a cached
+    scheduler stale."""
+    return tuple((n.id, n.name, node_capacity(n)) for n in nodes)
+
+
+def live_label(t: float) -> str:
+    """A time in the live service's messages: the date as well, so a reservation next week does not read as
+    "00:00–00:00" (UTC; the console shows times in the reader's zone)."""
+    moment = datetime.fromtimestamp(t, UTC)
+    return moment.strftime("%Y-%m-%d %H:%M UTC" if moment.second == 0 else "%Y-%m-%d %H:%M:%S UTC")
 
 
 def load(nodes: list[capacity.NodeState], next_rid: int) -> Scheduler:
@@ -161,7 +169,13 @@ def load(nodes: list[capacity.NodeState], next_rid: int) -> Scheduler:
 
     Not only the live reservations: a lease in the middle of a suspension needs its finished VM reservation to
     know where its memory images are, and loading only live rows lost it (and then every tick failed)."""
-    sched = Scheduler({n.id: node_capacity(n) for n in nodes}, scheduler_config())
+    names = {n.id: n.name for n in nodes}
+    sched = Scheduler(
+        {n.id: node_capacity(n) for n in nodes},
+        scheduler_config(),
+        label=live_label,
+        node_label=lambda node: names.get(node, f"node {node}"),
+    )
     live = Lease.objects.exclude(state__in=[s.value for s in TERMINAL_LEASE_STATES]).order_by(
         "submitted_at", "id"
     )

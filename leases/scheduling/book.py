@@ -49,6 +49,7 @@ class PlanBook:
         config: SchedulerConfig,
         *,
         label: Callable[[float], str] = utc_label,
+        node_label: Callable[[int], str] = str,
         strict: bool = False,
     ) -> None:
         self.table = SlotTable(capacities)
@@ -64,6 +65,7 @@ class PlanBook:
         self.displaced: list[tuple[int, int, str]] = []
         self.config = config
         self.label = label
+        self.node_label = node_label  # node id -> the name messages use
         self.leases: dict[int, LeaseRecord] = {}
         self._queue: list[tuple[float, int, int]] = []  # (submit, seq, lease id): FCFS by submit time
         self._seq = 0

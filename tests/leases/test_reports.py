@@ -176,3 +176,12 @@ def test_a_preview_and_the_report_of_the_same_lease_give_the_same_verdicts(opera
     assert key(preview.json()["verdicts"]) == key(report["verdicts"])
     assert preview.json()["nodes"] == report["chosen"]
     assert preview.json()["outcome"] == "placed"
+
+
+def test_a_lease_message_names_its_nodes_and_a_far_reservation_its_date(operator, fleet):
+    start = (timezone.now() + timedelta(days=9)).replace(hour=0, minute=0, second=0, microsecond=0)
+    response = submit(operator, type="advance_reservation", start=start.isoformat(), duration_s=1800)
+    assert response.status_code == 201
+    message = Lease.objects.get(pk=response.json()["id"]).message
+    assert f"runs {start:%Y-%m-%d} 00:00 UTC–{start:%Y-%m-%d} 00:30 UTC on n" in message, message
+    assert "on nodes" not in message
