@@ -160,6 +160,57 @@ def allocatable(
     return Limits(max(mem, 0), max(disk_total_gib - DISK_RESERVE_GIB, 0), max(cpu_cores, 0))
 
 
+class Resources(NamedTuple):
+    """An amount of each dimension a node offers: cores (fractional), memory in MiB, disk in GiB."""
+
+    cpu_cores: float
+    mem_mib: int
+    disk_gib: int
+
+
+@dataclass(frozen=True)
+class CapacityFigures:
+    """A node's figures of the capacity model (docs/capacity.md), as the API and the console both show them:
+    `allocatable` (see there) and `committed`, what the slot table holds on the node now. Free and the overrun are
+    derived here once, so the node resource, the board, the node page and the slot table cannot disagree."""
+
+    allocatable: Resources
+    committed: Resources
+
+    @property
+    def free(self) -> Resources:
+        """Allocatable less committed; negative where running work exceeds allocatable."""
+        a, c = self.allocatable, self.committed
+        return Resources(round(a.cpu_cores - c.cpu_cores, 2), a.mem_mib - c.mem_mib, a.disk_gib - c.disk_gib)
+
+    @property
+    def over(self) -> Resources:
+        """By how much committed exceeds allocatable, per dimension; zero where it fits."""
+        free = self.free
+        return Resources(max(0.0, -free.cpu_cores), max(0, -free.mem_mib), max(0, -free.disk_gib))
+
+    @property
+    def over_allocatable(self) -> bool:
+        """Running work exceeds allocatable (a node resized or a baseline grown under it): flagged, never killed."""
+        return any(v > 0 for v in self.over)
+
+
+def capacity_figures(
+    cpu_cores: int,
+    mem_total_mib: int,
+    disk_total_gib: int,
+    idle_baseline_mib: int | None,
+    committed: tuple[float, int, int] | None = None,
+) -> CapacityFigures:
+    """A node's figures from its declared totals, its remembered baseline and what the slot table holds on it now
+    (cores, MiB, GiB; read by leases.reads.committed_now, nothing when absent)."""
+    limits = allocatable(cpu_cores, mem_total_mib, disk_total_gib, idle_baseline_mib)
+    return CapacityFigures(
+        Resources(float(limits.cpu_cores), limits.mem_mib, limits.disk_gib),
+        Resources(*committed) if committed else Resources(0.0, 0, 0),
+    )
+
+
 def mem_limit(node: NodeState) -> int:
     return node_limits(node).mem_mib
 

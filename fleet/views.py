@@ -1,7 +1,7 @@
-"""Console pages of the fleet: the pieces of the board and the node page (rows with memory as observed and
-committed, totals, the health chart) and a stored placement report. The board, the node page and its forms (drain,
-declare-dead, re-admit) and the placement preview show or change what runs on nodes, so they are composed one
-layer up (leases/instances/node_views.py) from these pieces."""
+"""Console pages of the fleet: the pieces of the board and the node page (rows with observed memory and the capacity
+figures, allocatable and committed now, in user units; totals; the health chart) and a stored placement report. The
+board, the node page and its forms (drain, declare-dead, re-admit) and the placement preview show or change what
+runs on nodes, so they are composed one layer up (leases/instances/node_views.py) from these pieces."""
 
 from __future__ import annotations
 
@@ -10,40 +10,149 @@ from datetime import datetime, timedelta
 
 from django.shortcuts import get_object_or_404, render
 
-from fleet import capacity
+from fleet import nodestate
 from fleet.models import HealthSample, Node, NodeStatus, PlacementReport
-from fleet.placement import Claims, snapshot
+from fleet.placement import snapshot
 from slotkeeper.decorators import role_required
 
 STALE_AFTER_S = 30
 
+# Memory reads in MiB up to this much, in GiB above (both figures of a pair in the larger one's unit).
+GIB_FROM_MIB = 10 * 1024
+
+
+def memory(mib: int, unit: str | None = None) -> str:
+    """Memory in user units: "2,048 MiB", "27.5 GiB"."""
+    unit = unit or ("GiB" if abs(mib) >= GIB_FROM_MIB else "MiB")
+    return f"{mib / 1024:,.1f} GiB" if unit == "GiB" else f"{mib:,} MiB"
+
+
+def memory_pair(part: int, whole: int) -> str:
+    """Part and whole in the unit of the larger: "1,024 / 2,048 MiB", "12.0 / 27.5 GiB"."""
+    unit = "GiB" if max(abs(part), abs(whole)) >= GIB_FROM_MIB else "MiB"
+    return f"{memory(part, unit).rsplit(' ', 1)[0]} / {memory(whole, unit)}"
+
+
+def cores(value: float) -> str:
+    return f"{value:g} core{'' if value == 1 else 's'}"
+
+
+@dataclass(frozen=True)
+class Figures:
+    """A node's capacity figures (nodestate.capacity_figures, the same the node API shows) in user units, for the
+    board, the node page and the slot table's row labels."""
+
+    of: nodestate.CapacityFigures
+
+    @property
+    def mem(self) -> str:
+        return memory_pair(self.of.committed.mem_mib, self.of.allocatable.mem_mib)
+
+    @property
+    def cpu(self) -> str:
+        return f"{self.of.committed.cpu_cores:g} / {cores(self.of.allocatable.cpu_cores)}"
+
+    @property
+    def disk(self) -> str:
+        return f"{self.of.committed.disk_gib:,} / {self.of.allocatable.disk_gib:,} GiB disk"
+
+    @property
+    def allocatable(self) -> str:
+        return f"{cores(self.of.allocatable.cpu_cores)} · {memory(self.of.allocatable.mem_mib)}"
+
+    @property
+    def free(self) -> str:
+        free = self.of.free
+        return f"{cores(free.cpu_cores)} · {memory(free.mem_mib)} · {free.disk_gib:,} GiB disk"
+
+    @property
+    def reserve(self) -> str:
+        return f"{memory(nodestate.HOST_RESERVE_MIB)}, {nodestate.DISK_RESERVE_GIB} GiB disk"
+
+    @property
+    def pct(self) -> float:
+        """Committed memory in percent of allocatable, for the bar (full when over, or when nothing is
+        allocatable and something is committed)."""
+        committed, whole = self.of.committed.mem_mib, self.of.allocatable.mem_mib
+        if whole <= 0:
+            return 100.0 if committed > 0 else 0.0
+        return min(100.0, 100.0 * committed / whole)
+
+    @property
+    def over(self) -> bool:
+        return self.of.over_allocatable
+
+    @property
+    def over_by(self) -> str:
+        """The overrun per dimension ("2,048 MiB memory and 1 core"); empty when within allocatable."""
+        over = self.of.over
+        parts = []
+        if over.mem_mib:
+            parts.append(f"{memory(over.mem_mib)} memory")
+        if over.cpu_cores:
+            parts.append(cores(over.cpu_cores))
+        if over.disk_gib:
+            parts.append(f"{over.disk_gib:,} GiB disk")
+        return " and ".join(parts)
+
+    @property
+    def summary(self) -> str:
+        """One line for a tooltip: committed now of allocatable, and the overrun when there is one."""
+        text = f"committed now {self.mem}, {self.cpu} (of allocatable)"
+        return f"{text}; over allocatable by {self.over_by}" if self.over else text
+
+
+def figures(node: Node, committed: dict[int, tuple[float, int, int]]) -> Figures:
+    """The node's figures, with `committed` as leases.reads.committed_now returned it (read once per page by the
+    layer that knows leases; fleet does not import it)."""
+    return Figures(
+        nodestate.capacity_figures(
+            node.cpu_cores,
+            node.mem_total_mib,
+            node.disk_total_gib,
+            node.idle_baseline_mib,
+            committed.get(node.pk),
+        )
+    )
+
 
 @dataclass
 class NodeRow:
-    """One node as the board shows it: the row, its health age, and memory as observed and as committed."""
+    """One node as the board shows it: the row, its health age, observed memory use (heartbeat), and its capacity
+    figures (allocatable, committed now)."""
 
     node: Node
     age: float | None
-    use: capacity.MemoryUse | None
+    observed_mib: int | None
+    figures: Figures
 
     @property
     def stale(self) -> bool:
         return self.age is None or self.age > STALE_AFTER_S
 
-    def pct(self, mib: int | None) -> float:
-        return min(100.0, 100.0 * (mib or 0) / max(self.node.mem_total_mib, 1))
+    @property
+    def declared(self) -> str:
+        return f"{cores(self.node.cpu_cores)} · {memory(self.node.mem_total_mib)}"
+
+    @property
+    def observed_mem(self) -> str:
+        return "memory unreadable" if self.observed_mib is None else memory(self.observed_mib)
+
+    @property
+    def baseline(self) -> str:
+        """The host's remembered idle footprint, and whether the floor counts instead (nodestate.allocatable)."""
+        floor = memory(nodestate.BASELINE_FLOOR_MIB)
+        remembered = self.node.idle_baseline_mib
+        if not remembered:
+            return f"not yet observed idle: the {floor} floor counts"
+        if remembered < nodestate.BASELINE_FLOOR_MIB:
+            return f"{memory(remembered)} measured idle: the {floor} floor counts"
+        return f"{memory(remembered)} measured idle"
 
     @property
     def observed_pct(self) -> float:
-        return self.pct(self.use.observed_mib if self.use else None)
-
-    @property
-    def committed_pct(self) -> float:
-        return self.pct(self.use.committed_mib if self.use else None)
-
-    @property
-    def overcommitted(self) -> bool:
-        return self.use is not None and self.use.committed_mib > self.node.mem_total_mib
+        """Observed used memory in percent of declared (the heartbeat counts the host's own use too)."""
+        return min(100.0, 100.0 * (self.observed_mib or 0) / max(self.node.mem_total_mib, 1))
 
 
 @dataclass
@@ -56,11 +165,15 @@ class CapacityTotals:
     online_cores: int = 0
     online_mem_mib: int = 0
     observed_mib: int = 0
+    allocatable_cores: float = 0.0
+    allocatable_mib: int = 0
+    committed_cores: float = 0.0
     committed_mib: int = 0
+    over: int = 0
 
     def gib(self) -> dict[str, float]:
         """The memory sums in GiB, which is how people talk about a fleet's memory."""
-        names = ("mem_mib", "online_mem_mib", "observed_mib", "committed_mib")
+        names = ("mem_mib", "online_mem_mib", "observed_mib", "allocatable_mib", "committed_mib")
         return {name.removesuffix("_mib"): round(getattr(self, name) / 1024, 1) for name in names}
 
     def add(self, row: NodeRow) -> None:
@@ -68,22 +181,32 @@ class CapacityTotals:
         self.nodes += 1
         self.cores += n.cpu_cores
         self.mem_mib += n.mem_total_mib
+        self.over += row.figures.over
         if n.status != NodeStatus.ONLINE:
             return
         self.online_cores += n.cpu_cores
         self.online_mem_mib += n.mem_total_mib
-        if row.use is not None:
-            self.observed_mib += row.use.observed_mib
-            self.committed_mib += row.use.committed_mib
+        self.observed_mib += row.observed_mib or 0
+        self.allocatable_cores += row.figures.of.allocatable.cpu_cores
+        self.allocatable_mib += row.figures.of.allocatable.mem_mib
+        self.committed_cores += row.figures.of.committed.cpu_cores
+        self.committed_mib += row.figures.of.committed.mem_mib
 
 
-def node_rows(nodes: list[Node], now: datetime, claims: Claims | None = None) -> list[NodeRow]:
-    """Rows with the placer's own view of memory, from the commitments the caller read (`claims`, one query for
-    all nodes whatever their number; the instances package reads them)."""
-    rows = []
-    for node, state in zip(nodes, snapshot(now, nodes, claims=claims), strict=True):
-        rows.append(NodeRow(node=node, age=state.health_age_s, use=capacity.effective_use(state)))
-    return rows
+def node_rows(
+    nodes: list[Node], now: datetime, committed: dict[int, tuple[float, int, int]]
+) -> list[NodeRow]:
+    """Rows with health, observed memory and the capacity figures, from what the slot table holds on each node now
+    (`committed`, leases.reads.committed_now: one query for all nodes whatever their number, read by the caller)."""
+    return [
+        NodeRow(
+            node=node,
+            age=state.health_age_s,
+            observed_mib=state.observed_mem_used_mib,
+            figures=figures(node, committed),
+        )
+        for node, state in zip(nodes, snapshot(now, nodes), strict=True)
+    ]
 
 
 def matches(node: Node, status: str, q: str) -> bool:

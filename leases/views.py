@@ -20,10 +20,11 @@ from django.views.decorators.http import require_POST
 from django.views.decorators.vary import vary_on_headers
 
 from fleet.models import Node, PlacementReport
-from fleet.views import sort_verdicts
+from fleet.views import Figures, figures, sort_verdicts
 from leases import actions, forms
 from leases.lifecycle import TERMINAL_LEASE_STATES
 from leases.models import Allocation, Group, Lease, LeaseType, Reservation
+from leases.reads import committed_now
 from slotkeeper.decorators import role_required
 from slotkeeper.domain import DomainError
 
@@ -48,6 +49,7 @@ class Row:
     node: Node
     y: int
     title: str
+    figures: Figures
     label: str = ""
     # The row's bars as SVG markup, in time order (bars_by_node): a bar belongs to its node's row, so the chart
     # reads and is walked with the keyboard row by row.
@@ -82,11 +84,15 @@ def fits(text: str, width: float) -> str:
     return shorten(text, room) if room >= 3 else ""
 
 
-def node_row(node: Node, i: int) -> Row:
+def node_row(node: Node, i: int, committed: dict[int, tuple[float, int, int]]) -> Row:
+    """A node's row label: its name, and in the tooltip its status and its capacity figures (allocatable and
+    committed now, the same the board and the node API show)."""
     title = f"{node.name}: {node.status}"
     if node.drain_reason:
         title += f", drained: {node.drain_reason}"
-    return Row(node=node, y=AXIS_H + i * ROW_H, title=title, label=shorten(node.name, 24) or node.name)
+    shown = figures(node, committed)
+    label = shorten(node.name, 19 if shown.over else 24) or node.name
+    return Row(node=node, y=AXIS_H + i * ROW_H, title=f"{title}; {shown.summary}", figures=shown, label=label)
 
 
 def window_allocations(start: datetime, end: datetime, node_ids) -> list[tuple]:
@@ -156,10 +162,13 @@ def bars_by_node(
 
 
 def slot_table_context(start: datetime, end: datetime, now: datetime, node_filter: str = "") -> dict:
-    nodes = list(Node.objects.only("id", "name", "status", "drain_reason").order_by("name"))
+    fields = ("id", "name", "status", "drain_reason", "cpu_cores", "mem_total_mib", "disk_total_gib")
+    nodes = list(Node.objects.only(*fields, "idle_baseline_mib").order_by("name"))
     if node_filter:
         nodes = [n for n in nodes if node_filter.lower() in n.name.lower()]
-    rows = [node_row(n, i) for i, n in enumerate(nodes)]
+    # Committed now, for every row's label, in one aggregate query whatever the number of nodes.
+    committed = committed_now(now)
+    rows = [node_row(n, i, committed) for i, n in enumerate(nodes)]
     y_of = {row.node.pk: row.y for row in rows}
     span = (end - start).total_seconds()
     plot_w = WIDTH - LABEL_W

@@ -89,29 +89,26 @@ class NodeSerializer(serializers.ModelSerializer):
         ]
         read_only_fields = fields
 
-    def _figures(self, node: Node) -> tuple[tuple[float, int, int], tuple[float, int, int]]:
-        limits = nodestate.allocatable(
-            node.cpu_cores, node.mem_total_mib, node.disk_total_gib, node.idle_baseline_mib
+    def _figures(self, node: Node) -> nodestate.CapacityFigures:
+        committed = self.context.get("committed", {}).get(node.pk)
+        return nodestate.capacity_figures(
+            node.cpu_cores, node.mem_total_mib, node.disk_total_gib, node.idle_baseline_mib, committed
         )
-        committed = self.context.get("committed", {}).get(node.pk, (0.0, 0, 0))
-        return (float(limits.cpu_cores), limits.mem_mib, limits.disk_gib), committed
 
     @extend_schema_field(ResourcesSerializer)
     def get_allocatable(self, node: Node) -> dict:
-        return resources(*self._figures(node)[0])
+        return resources(*self._figures(node).allocatable)
 
     @extend_schema_field(ResourcesSerializer)
     def get_committed(self, node: Node) -> dict:
-        return resources(*self._figures(node)[1])
+        return resources(*self._figures(node).committed)
 
     @extend_schema_field(ResourcesSerializer)
     def get_free_now(self, node: Node) -> dict:
-        (cpu, mem, disk), (c_cpu, c_mem, c_disk) = self._figures(node)
-        return resources(round(cpu - c_cpu, 2), mem - c_mem, disk - c_disk)
+        return resources(*self._figures(node).free)
 
     def get_over_allocatable(self, node: Node) -> bool:
-        (cpu, mem, disk), (c_cpu, c_mem, c_disk) = self._figures(node)
-        return c_cpu > cpu + 1e-9 or c_mem > mem or c_disk > disk
+        return self._figures(node).over_allocatable
 
     def get_drained_by(self, node: Node) -> str | None:
         return node.drained_by.get_username() if node.drained_by_id else None

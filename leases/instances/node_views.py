@@ -1,9 +1,10 @@
-"""The fleet's console pages that show or change what runs on nodes: the board and a node's page (memory committed
-by the instances placed there, the reservations it holds), the drain (with a deadline, a process that moves its
-instances), declare-dead (its instances are lost) and re-admit, and the "what if" placement preview (which counts
-the instances' claims). Their forms are validated by the API's serializers (fleet/forms.py). Composed here from fleet's pieces (fleet/views.py) and this
-package's reads and actions; each page URL also serves its fragment to htmx (same URL, `HX-Request`), so a live
-"node-changed" event re-fetches just the live region.
+"""The fleet's console pages that show or change what runs on nodes: the board and a node's page (allocatable and
+committed now, the figures of the node API; the reservations it holds), the drain (with a deadline, a process that
+moves its instances), declare-dead (its instances are lost) and re-admit, and the "what if" placement preview
+(which counts the instances' claims). Their forms are validated by the API's serializers (fleet/forms.py). Composed
+here from fleet's pieces (fleet/views.py) and the reads and actions of this package and the lease core; each page
+URL also serves its fragment to htmx (same URL, `HX-Request`), so a live "node-changed" event re-fetches just the
+live region.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from fleet import actions as fleet_actions
 from fleet import forms as fleet_forms
 from fleet.models import HealthSample, Node, NodeStatus, PlacementReport
 from fleet.views import CapacityTotals, chart, matches, node_rows
-from leases.instances import reads
+from leases import reads as lease_reads
 from leases.instances.actions import nodes
 from leases.models import Allocation
 from slotkeeper.decorators import role_required
@@ -39,7 +40,9 @@ def board(request):
     q = request.GET.get("q", "").strip()
     # The whole fleet in one query: totals need every node anyway, and filtering 1,000 rows in Python is cheaper
     # than a second round trip per counter.
-    every = node_rows(list(Node.objects.select_related("drained_by").order_by("name")), now, reads.claims())
+    # The capacity figures need what the slot table holds on every node now: one aggregate query, not one per node.
+    nodes = list(Node.objects.select_related("drained_by").order_by("name"))
+    every = node_rows(nodes, now, lease_reads.committed_now(now))
     totals = dict.fromkeys(NodeStatus.values, 0)
     capacity_totals = CapacityTotals()
     for row in every:
@@ -73,7 +76,7 @@ def node_context(node: Node, now: datetime) -> dict:
     )
     return {
         "node": node,
-        "row": node_rows([node], now, reads.claims([node.pk]))[0],
+        "row": node_rows([node], now, lease_reads.committed_now(now, [node.pk]))[0],
         "chart": chart(samples, now),
         "holdings": holdings(node, now),
     }

@@ -110,3 +110,55 @@ def test_a_drain_with_a_reason_goes_through_its_preview_and_lands_in_the_audit_f
     page.goto(console.url + "/audit/?action=node.drain")
     row = page.locator('tr[data-action="node.drain"]').first
     assert re.search(r"otto.*node\.drain.*morpheus.*kernel upgrade, ticket 412", row.inner_text(), re.S)
+
+
+def mib_of(text: str) -> float:
+    """ "3,072 MiB" or "10.0 GiB" in MiB."""
+    value, unit = text.replace(",", "").split()
+    return float(value) * (1024 if unit == "GiB" else 1)
+
+
+def committed_and_allocatable_mib(text: str) -> tuple[float, float]:
+    """ "3,072 / 10,240 MiB" or "3.0 / 10.0 GiB" (both in the unit written last) in MiB."""
+    part, whole = text.split(" / ")
+    unit = whole.split()[1]
+    return mib_of(f"{part} {unit}"), mib_of(whole)
+
+
+def test_the_board_reads_allocatable_and_committed_as_the_node_api_does_and_follows_a_new_lease(
+    page, console
+):
+    def figures() -> dict[str, dict]:
+        listed = console.api("GET", "/api/nodes/?page_size=100", console.operator_token)["results"]
+        return {n["name"]: n for n in listed}
+
+    page.goto(console.url + "/")
+    wait_live(page)
+    page.evaluate("window.notReloaded = true")
+    before = figures()
+    body = {
+        "name": "figures",
+        "type": "immediate",
+        "duration_s": 3600,
+        "nodes": [{"cpu_cores": 3, "mem_mib": 3072}],
+    }
+    console.api("POST", "/api/leases", console.operator_token, body)
+    after = figures()
+    (host,) = [
+        n for n in after if after[n]["committed"]["mem_mib"] == before[n]["committed"]["mem_mib"] + 3072
+    ]
+    cores = after[host]["committed"]["cpu_cores"], after[host]["allocatable"]["cpu_cores"]
+    # The live update re-renders the row: the host's committed cores change with no reload.
+    page.wait_for_selector(
+        f'tr[data-node="{host}"] [data-cores]:text-is("{cores[0]:g} / {cores[1]:g} cores")'
+    )
+    assert page.evaluate("window.notReloaded") is True
+    for name, node in after.items():
+        row = page.locator(f'tr[data-node="{name}"]')
+        allocatable_cores, allocatable_mem = row.locator("[data-allocatable]").inner_text().split(" · ")
+        assert allocatable_cores == f"{node['allocatable']['cpu_cores']:g} cores"
+        assert abs(mib_of(allocatable_mem) - node["allocatable"]["mem_mib"]) <= 51, (name, allocatable_mem)
+        committed, allocatable = committed_and_allocatable_mib(row.locator("[data-mem]").inner_text())
+        assert abs(committed - node["committed"]["mem_mib"]) <= 51, (name, committed)
+        assert abs(allocatable - node["allocatable"]["mem_mib"]) <= 51, (name, allocatable)
+        assert (row.locator("[data-over-allocatable]").count() == 1) is node["over_allocatable"]
