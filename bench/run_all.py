@@ -28,6 +28,7 @@ QUICK = {
     "bench_replay": ["--trace", str(HAIZEA / "traces/blue/1000requests.swf"), "--only"],
     "bench_heartbeats": ["--quick"],
     "bench_preview": ["--quick"],
+    "bench_reports": ["--quick"],
     "bench_slots_render": ["--quick"],
     "bench_recovery": ["--quick"],
     "bench_console_ws": ["--quick", "--variants", "project"],

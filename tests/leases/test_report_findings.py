@@ -1,0 +1,66 @@
+"""What bench/bench_reports.py and bench/capacity_scenario.py found in the reports (issue 11), written as tests
+that fail today. Each is a strict xfail: it passes the suite while the finding stands and fails it (XPASS) once
+the finding is fixed, so whoever fixes it removes the mark. The code in question is not this test's to change
+(leases/store.py, fleet/reports.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fleet import reports
+from tests.leases.conftest import vm
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="leases/store.py report_row counts only the nodes not chosen in the summary's 'the fleet holds N', "
+    "so a lease placed on the one node that could take it reads 'the fleet holds 0 now'",
+)
+def test_a_placed_lease_s_summary_does_not_say_the_fleet_holds_none_of_it(operator, fleet):
+    whole_node = vm(cores=4, mem=8192)  # each node allocates exactly one
+    for _ in range(3):
+        body = {"name": "fill", "type": "immediate", "duration_s": 3600, "nodes": [whole_node]}
+        assert operator.post("/api/leases/", body, format="json").status_code == 201
+    body = {"name": "last", "type": "immediate", "duration_s": 3600, "nodes": [whole_node]}
+    response = operator.post("/api/leases/", body, format="json")
+    assert response.status_code == 201
+    report = operator.get(f"/api/leases/{response.json()['id']}/").json()["placement_reports"][0]
+    assert report["outcome"] == "placed" and len(report["chosen"]) == 1
+    assert "the fleet holds 0" not in report["summary"], report["summary"]
+
+
+class Verdict:
+    """One node's verdict shaped as bench_reports.py measured them at 1,000 nodes: three node sizes, 5 % excluded
+    with their own sentence, a lease needing a capability three quarters of the nodes lack (the sentence the
+    scheduler gives each of them), busy nodes naming up to five leases in the way."""
+
+    def __init__(self, node: int) -> None:
+        shape = node % 10
+        self.node, self.dim, self.need = node, "mem", 8192
+        self.allocatable = (26624, 124928, 256000)[0 if shape < 3 else 1 if shape < 8 else 2]
+        self.free = self.allocatable - 4096 * (node % 17)
+        self.rank, self.chosen, self.blockers, self.note = None, False, (), ""
+        if node % 20 == 0:
+            self.holds, self.code, self.note = 0, "draining", "an operator cordoned this node"
+        elif shape < 8:
+            self.holds, self.code, self.note = 0, "missing_capability", "lacks gpu"
+        elif node % 3 == 0:
+            self.holds, self.code = 0, "at_capacity"
+            self.blockers = tuple(range(node * 10, node * 10 + 5))
+        else:
+            self.holds, self.code, self.rank = 1, None, node
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="fleet/reports.py encode keeps a sentence per node in `notes` (the same 'lacks gpu' 750 times), "
+    "a free and an allocatable figure per node, and Django's JSONField writes ', ' and ': ' separators: "
+    "56 KiB at 1,000 nodes in bench_reports.py's 'rejected (capability)' case",
+)
+def test_a_report_whose_lease_most_nodes_cannot_take_for_a_capability_is_stored_in_40_kib():
+    blob = reports.encode([Verdict(n) for n in range(1, 1001)], start=1.8e9, end=1.8e9 + 3600, summary="x")
+    assert len(json.dumps(blob)) <= 40 * 1024, f"{len(json.dumps(blob)) / 1024:.1f} KiB"
