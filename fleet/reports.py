@@ -78,8 +78,17 @@ def encode(
         "rank": [v.rank or 0 for v in verdicts],
         "chosen": [v.node for v in verdicts if v.chosen],
         "blockers": {str(v.node): list(v.blockers[:5]) for v in verdicts if v.blockers},
-        "notes": {str(v.node): v.note for v in verdicts if v.note},
     }
+    # Exclusion sentences are few and repeated ("lacks accel.gpu" on most of a fleet): each stored once.
+    texts: list[str] = []
+    seen: dict[str, int] = {}
+    for v in verdicts:
+        if v.note and v.note not in seen:
+            seen[v.note] = len(texts)
+            texts.append(v.note)
+    if texts:
+        blob["texts"] = texts
+        blob["note"] = [seen[v.note] if v.note else -1 for v in verdicts]
     if headroom is not None:
         blob["headroom"] = list(headroom)
     # The same VM on every node: one figure per dimension instead of one per node when they agree.
@@ -127,7 +136,11 @@ def decode(
             "window_start": window[0],
             "window_end": window[1],
         }
-        note = b["notes"].get(str(node))
+        note = (
+            b["texts"][b["note"][i]]
+            if "note" in b and b["note"][i] >= 0
+            else b.get("notes", {}).get(str(node))
+        )
         rows.append(
             {
                 "node": names.get(node, f"node {node}"),
@@ -158,9 +171,10 @@ def sentence(
 ) -> str:
     """One sentence in user units for a capacity verdict."""
     what = _WORDS[dim]
+    of_what = "" if dim == "cpu" else f" of {what}"  # "2 cores free", not "2 cores of cores free"
     one = f"one VM needs {_text(dim, need)}"
     if code == "too_small":
-        return f"allocates at most {_text(dim, allocatable)} of {what} even when empty; {one}"
+        return f"allocates at most {_text(dim, allocatable)}{of_what} even when empty; {one}"
     if code == "no_disk":
         return f"{_text(dim, max(free, 0))} of disk free of {_text(dim, allocatable)} allocatable; {one}"
     if code == "at_capacity":
@@ -171,7 +185,7 @@ def sentence(
         who = ", ".join(str(b) for b in blockers)
         held = f"; held by lease{'s' if ',' in who else ''} {who}" if who else ""
         span = f" over {window[0]}–{window[1]}" if window[0] else ""
-        return f"{_text(dim, max(free, 0))} of {what} free{span} of {_text(dim, allocatable)} allocatable; {one}{held}"
+        return f"{_text(dim, max(free, 0))}{of_what} free{span} of {_text(dim, allocatable)} allocatable; {one}{held}"
     if code == "anti_affinity":
         return "the lease's group allows no more of its VMs on this node"
     return code.replace("_", " ")

@@ -292,6 +292,10 @@ class Scheduler(Explaining):
         window = f"{self.label(start)}–{self.label(end)}"
         return f"{what} rejected: no room for {len(req.vnodes)} vnode(s) over {window}"
 
+    def describe(self, lease_id: int) -> str:
+        """Where the lease stands, in the words of its decision message ("runs … on n2", "queued at position 3")."""
+        return self._placement_message(self.leases[lease_id])
+
     def _placement_message(self, rec: LeaseRecord) -> str:
         vm = rec.current_vm()
         if rec.state in (_S.QUEUED, _S.SUSPENDED_QUEUED):

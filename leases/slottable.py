@@ -226,6 +226,9 @@ class SlotTable:
                 return None  # Only a reservation that never ends can push the start out to infinity.
 
     def free_over(self, node: int, start: float, end: float) -> Res:
+        return unvec(self.free_over_vec(node, start, end))
+
+    def free_over_vec(self, node: int, start: float, end: float) -> Vec:
         """The least free capacity of each resource at any instant of [start, end) (negative where running work
         exceeds a capacity that shrank): what a newcomer can have for the whole window. One `max` over a column
         slice per resource in use, so explaining a decision over 1,000 nodes stays cheap."""
@@ -239,7 +242,7 @@ class SlotTable:
         if last >= first:
             for d in line.live:
                 peak[d] = max(line.cols[d][first : last + 1])
-        return Res(cap[0] - peak[0], cap[1] - peak[1], cap[2] - peak[2], cap[3] - peak[3], cap[4] - peak[4])
+        return (cap[0] - peak[0], cap[1] - peak[1], cap[2] - peak[2], cap[3] - peak[3], cap[4] - peak[4])
 
     def blockers(self, node: int, need: Res, start: float, end: float) -> list[Reservation]:
         """The reservations that keep `need` from fitting on [start, end), for messages such as

@@ -61,7 +61,9 @@ def node_capacity(node: capacity.NodeState) -> Res:
 
 
 def scheduler_config() -> SchedulerConfig:
-    return SchedulerConfig.from_options(getattr(settings, "SLOTKEEPER_SCHEDULING", {}))
+    """Haizea's options from settings, with the live service's own decisions (docs/scheduler.md)."""
+    config = SchedulerConfig.from_options(getattr(settings, "SLOTKEEPER_SCHEDULING", {}))
+    return replace(config, whole_window_retry=True)
 
 
 def request_of(
@@ -343,7 +345,7 @@ def report_row(
     )
     names = {n.id: n.name for n in plan.nodes}
     picked = list(chosen or {}) or list(proposed)
-    holds = {names.get(v.node, str(v.node)): v.holds for v in explained.verdicts if v.holds and not v.chosen}
+    holds = {names.get(v.node, str(v.node)): v.holds for v in explained.verdicts if v.holds}
     size = explained.vm
     summary = reports.summary(
         {"cpu": size.cpu, "mem": size.mem, "disk": size.disk},
@@ -351,7 +353,7 @@ def report_row(
         holds,
         now=start <= plan.t,
         window=f"{sched.label(start)}–{sched.label(end)}",
-        largest=max(((n.name, node_capacity(n).mem) for n in plan.nodes), key=lambda x: x[1], default=None),
+        largest=_largest(sched, names),
     )
     return PlacementReport(
         created_at=plan.now,
@@ -369,6 +371,14 @@ def report_row(
     )
 
 
+def _largest(sched: Scheduler, names: Mapping[int, str]) -> tuple[str, int] | None:
+    """The node with the most allocatable memory, from the capacities the scheduler already holds."""
+    if not sched.table.nodes:
+        return None
+    node = max(sched.table.nodes, key=lambda n: (sched.table.capacity(n).mem, -n))
+    return names.get(node, f"node {node}"), sched.table.capacity(node).mem
+
+
 def _report_placed(plan: Planning, changes: list[Change]) -> None:
     """A report for every lease the pass placed that its caller did not report on (the queue placing a lease
     later, a due reservation placed again), so every placement explains itself."""
@@ -378,13 +388,18 @@ def _report_placed(plan: Planning, changes: list[Change]) -> None:
         if c.what == "lease_state" and c.state in (LeaseState.READY, LeaseState.SUSPENDED_SCHEDULED)
     }
     rows = []
+    messages = []
     for lease_id in sorted(placed - plan.reported):
         rec = plan.scheduler.leases.get(lease_id)
         if rec is None or rec.current_vm() is None:
             continue
-        rows.append(placement_report(plan, lease_id, message="placed by the queue", requested_by="scheduler"))
+        message = f"placed by the queue: {plan.scheduler.describe(lease_id)}"
+        rows.append(placement_report(plan, lease_id, message=message, requested_by="scheduler"))
+        messages.append(Lease(pk=lease_id, message=message))
     if rows:
         PlacementReport.objects.bulk_create(rows)
+        # The decision message said "queued at position N"; it now says where the lease runs.
+        update_many(messages, ["message"])
 
 
 def _record_displaced(

@@ -210,6 +210,9 @@ class Backfilling(Mapper):
         if found is None:
             return None
         if found[1] < start + duration and found[1] - start < threshold:
+            if self.config.whole_window_retry and not strict and rec.state not in SUSPENDED_STATES:
+                # The greedy mapper took a node it could hold only briefly; another may hold it whole.
+                return self._map(self.table, rec.request, start, start + duration, True, only)
             return None
         return found
 

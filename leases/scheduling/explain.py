@@ -17,13 +17,14 @@ from fleet.capacity import ReasonCode
 from leases.scheduling.events import EventLoop
 from leases.scheduling.mapper import size_order
 from leases.scheduling.records import LeaseRequest
-from leases.slots.values import vec
+from leases.slots.values import vec, vec_minus, vec_plus
 from leases.slottable import Res
 
 # The dimensions a verdict can name, in the order they are checked: disk first (seed 001: a full disk fails every
 # instance on the node), then memory, then cores.
 DIMENSIONS = (("disk", 2), ("mem", 1), ("cpu", 0))
 _INDEX = dict(DIMENSIONS)
+_NAMES = {i: name for name, i in DIMENSIONS}
 _R = ReasonCode
 
 
@@ -83,46 +84,78 @@ class Explaining(EventLoop):
             n for n in self._host_order(table, req, start, end - start, None) if n not in own
         ]
         ranks = {n: i + 1 for i, n in enumerate(order)}
-        extra = self._now_extra if start <= now else {}
+        extra = {n: vec(r) for n, r in self._now_extra.items()} if start <= now else {}
+        mine = {n: vec(r) for n, r in own.items()}
         taken = dict(req.taken)
         barred = dict(req.barred)
+        need = vec(vm)
+        wants = [(i, need[i]) for _, i in DIMENSIONS if need[i] > 0]
+        mem_i = _INDEX["mem"]
         out = []
         for node in table.nodes:
-            cap = self._capacity[node]
+            cap = vec(self._capacity[node])
             why = ruled_out.get(node) or barred.get(node)
             if why:
                 code, _, note = why.partition(": ")
-                out.append(_verdict(node, 0, code, vm, cap, cap, None, note=note or why))
+                out.append(
+                    NodeVerdict(
+                        node,
+                        0,
+                        code,
+                        "mem",
+                        need[mem_i],
+                        cap[mem_i],
+                        cap[mem_i],
+                        None,
+                        False,
+                        (),
+                        note or why,
+                    )
+                )
                 continue
-            if not vm.fits_in(cap):
-                out.append(_verdict(node, 0, _R.TOO_SMALL, vm, cap, cap, None))
+            if any(cap[i] < w for i, w in wants):
+                dim = _short_vec(wants, cap)
+                i = _INDEX[dim]
+                out.append(
+                    NodeVerdict(node, 0, _R.TOO_SMALL.value, dim, need[i], cap[i], cap[i], None, False)
+                )
                 continue
-            free = table.free_over(node, start, end)
-            if node in own:
-                free = free + own[node]
+            free = table.free_over_vec(node, start, end)
+            if node in mine:
+                free = vec_plus(free, mine[node])
             if node in extra:
-                free = free - extra[node]
-            holds = min(_copies(vm, free), count)
+                free = vec_minus(free, extra[node])
+            holds = min(min(max(free[i], 0) // w for i, w in wants) if wants else count, count)
             allowed = count if req.spread is None else max(req.spread - taken.get(node, 0), 0)
+            rank = ranks.get(node)
             if holds and not allowed:
-                out.append(_verdict(node, 0, _R.ANTI_AFFINITY, vm, free, cap, ranks.get(node)))
+                code = _R.ANTI_AFFINITY.value
+                out.append(
+                    NodeVerdict(node, 0, code, "mem", need[mem_i], free[mem_i], cap[mem_i], rank, False)
+                )
                 continue
             holds = min(holds, allowed)
             if holds:
-                out.append(_verdict(node, holds, None, vm, free, cap, ranks.get(node), chosen=node in picked))
+                chosen_here = node in picked
+                out.append(
+                    NodeVerdict(
+                        node, holds, None, "mem", need[mem_i], free[mem_i], cap[mem_i], rank, chosen_here
+                    )
+                )
                 continue
-            dim = _short(vm, free)
+            dim = _short_vec(wants, free)
+            i = _INDEX[dim]
             if dim == "disk":
-                code = _R.NO_DISK
-            elif start <= now and not _copies(vm, self._free_now(node, start, own, extra)):
-                code = _R.AT_CAPACITY  # short right now, not only later in the window
+                code = _R.NO_DISK.value
+            elif start <= now and not _copies(vm, self._free_now(node, start, own, self._now_extra)):
+                code = _R.AT_CAPACITY.value  # short right now, not only later in the window
             else:
-                code = _R.RESERVED
+                code = _R.RESERVED.value
             blockers: tuple[int, ...] = ()
             if code != _R.NO_DISK:
                 lids = {b.lease_id for b in table.blockers(node, vm, start, end) if b.lease_id != req.id}
                 blockers = tuple(sorted(lids))
-            out.append(_verdict(node, 0, code, vm, free, cap, ranks.get(node), dim=dim, blockers=blockers))
+            out.append(NodeVerdict(node, 0, code, dim, need[i], free[i], cap[i], rank, False, blockers))
         return Explanation(start, end, vm, count, tuple(out))
 
     def propose(self, req: LeaseRequest, start: float, end: float, excluded: Mapping[int, str]) -> list[int]:
@@ -152,41 +185,9 @@ def _copies(vm: Res, free: Res) -> int:
     return best
 
 
-def _short(vm: Res, free: Res) -> str:
-    """The dimension that runs out first (disk, then memory, then cores when several do)."""
-    need, have = vec(vm), vec(free)
-    for name, i in DIMENSIONS:
-        if need[i] > 0 and have[i] < need[i]:
-            return name
+def _short_vec(wants: Sequence[tuple[int, int]], free: Sequence[int]) -> str:
+    """_short on vectors: the first of disk, memory, cores (in that order) the free figures fall short of."""
+    for i, w in wants:
+        if free[i] < w:
+            return _NAMES[i]
     return "mem"
-
-
-def _verdict(
-    node: int,
-    holds: int,
-    code: str | None,
-    vm: Res,
-    free: Res,
-    cap: Res,
-    rank: int | None,
-    *,
-    dim: str | None = None,
-    chosen: bool = False,
-    blockers: tuple[int, ...] = (),
-    note: str = "",
-) -> NodeVerdict:
-    if dim is None:
-        dim = _short(vm, cap) if code == _R.TOO_SMALL else "mem"
-    i = _INDEX[dim]
-    need, have, total = vec(vm), vec(free), vec(cap)
-    code = None if code is None else str(code)
-    return NodeVerdict(node, holds, code, dim, need[i], have[i], total[i], rank, chosen, blockers, note)
-
-
-def summary_counts(verdicts: Sequence[NodeVerdict]) -> dict[str, int]:
-    """Nomad-style allocation metrics: nodes evaluated, how many fit, and how many failed for each reason."""
-    counts: dict[str, int] = {"evaluated": len(verdicts), "fit": sum(1 for v in verdicts if v.holds)}
-    for v in verdicts:
-        if v.code:
-            counts[v.code] = counts.get(v.code, 0) + 1
-    return counts

@@ -97,6 +97,10 @@ class SchedulerConfig:
     policy_preemption: str = "ar-preempts-be"
     policy_admission: str = "accept-all"
     policy_host_selection: str = "greedy"
+    # Slotkeeper's own (not a Haizea option, off in replay): when the greedy mapper's first choice would hold a
+    # best-effort lease for less than the threshold, try once more for its whole duration before it waits. Haizea
+    # gives up there, and the lease waits in the queue while other nodes could run it whole.
+    whole_window_retry: bool = False
 
     def __post_init__(self) -> None:
         if self.backfilling == "intermediate" and not self.backfilling_reservations:

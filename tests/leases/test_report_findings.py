@@ -1,7 +1,6 @@
-"""What bench/bench_reports.py and bench/capacity_scenario.py found in the reports (issue 11), written as tests
-that fail today. Each is a strict xfail: it passes the suite while the finding stands and fails it (XPASS) once
-the finding is fixed, so whoever fixes it removes the mark. The code in question is not this test's to change
-(leases/store.py, fleet/reports.py)."""
+"""What bench/bench_reports.py and bench/capacity_scenario.py found in the reports (issue 11): a placed lease's
+summary said the fleet held none of it, and a report of a lease most nodes lack a capability for was 56 KiB (each
+node's exclusion sentence stored again). Both failed before the fix."""
 
 from __future__ import annotations
 
@@ -15,11 +14,6 @@ from tests.leases.conftest import vm
 pytestmark = pytest.mark.django_db
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="leases/store.py report_row counts only the nodes not chosen in the summary's 'the fleet holds N', "
-    "so a lease placed on the one node that could take it reads 'the fleet holds 0 now'",
-)
 def test_a_placed_lease_s_summary_does_not_say_the_fleet_holds_none_of_it(operator, fleet):
     whole_node = vm(cores=4, mem=8192)  # each node allocates exactly one
     for _ in range(3):
@@ -55,12 +49,6 @@ class Verdict:
             self.holds, self.code, self.rank = 1, None, node
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fleet/reports.py encode keeps a sentence per node in `notes` (the same 'lacks gpu' 750 times), "
-    "a free and an allocatable figure per node, and Django's JSONField writes ', ' and ': ' separators: "
-    "56 KiB at 1,000 nodes in bench_reports.py's 'rejected (capability)' case",
-)
 def test_a_report_whose_lease_most_nodes_cannot_take_for_a_capability_is_stored_in_40_kib():
     blob = reports.encode([Verdict(n) for n in range(1, 1001)], start=1.8e9, end=1.8e9 + 3600, summary="x")
     assert len(json.dumps(blob)) <= 40 * 1024, f"{len(json.dumps(blob)) / 1024:.1f} KiB"

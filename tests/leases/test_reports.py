@@ -185,3 +185,20 @@ def test_a_lease_message_names_its_nodes_and_a_far_reservation_its_date(operator
     message = Lease.objects.get(pk=response.json()["id"]).message
     assert f"runs {start:%Y-%m-%d} 00:00 UTC–{start:%Y-%m-%d} 00:30 UTC on n" in message, message
     assert "on nodes" not in message
+
+
+def test_a_lease_the_queue_places_later_says_where_it_runs_instead_of_its_old_queue_position(operator, fleet):
+    big = vm(cores=4, mem=8192)
+    blockers = [
+        submit(operator, type="immediate", duration_s=600, nodes=[big]).json()["id"] for _ in range(4)
+    ]
+    queued = submit(operator, nodes=[big]).json()["id"]
+    assert (
+        "queued at position 1" in Lease.objects.get(pk=queued).message
+        or "runs" in Lease.objects.get(pk=queued).message
+    )
+    lease_actions.do_cancel_lease(None, blockers[0], now=timezone.now())
+    lease_actions.advance(timezone.now() + timedelta(seconds=1))
+    lease = Lease.objects.get(pk=queued)
+    assert lease.state == "active"
+    assert lease.message.startswith("placed by the queue: lease") and " on n" in lease.message

@@ -343,3 +343,26 @@ def test_an_early_end_finishes_the_lease_at_its_real_duration():
     assert s.next_event_time() == 100
     s.advance(100)
     assert (s.leases[1].state, s.leases[1].run_time, s.leases[1].end) == (LeaseState.DONE, 100, 100)
+
+
+@pytest.mark.parametrize("retry, placed_on", [(False, None), (True, 2)])
+def test_a_lease_the_greedy_first_choice_holds_too_briefly_waits_in_haizea_and_runs_elsewhere_live(
+    retry, placed_on
+):
+    # Node 1 is empty now but an AR takes it whole from t=100; node 2 runs two small long leases, so the greedy
+    # mapper prefers node 1, which would hold the new lease for 100 s: below its 128 s threshold.
+    s = Scheduler(
+        {1: Res(400, 8192, 0, 100, 100), 2: Res(400, 8192, 0, 100, 100)},
+        SchedulerConfig(whole_window_retry=retry),
+        strict=True,
+    )
+    s.submit(ar(9, 0, 100, 3600, Res(cpu=400, mem=8192)), 0)
+    small = Res(cpu=50, mem=512)
+    s.submit(LeaseRequest(1, "immediate", 0, None, 7200, (small,), preemptible=False), 0, excluded={1: "x"})
+    s.submit(LeaseRequest(2, "immediate", 0, None, 7200, (small,), preemptible=False), 0, excluded={1: "x"})
+    s.submit(be(3, 0, 3600, Res(cpu=100, mem=2048)), 0)
+    if placed_on is None:
+        # Haizea 1.1 gives up on now after its first choice, and backfills the lease into the future instead.
+        assert s.leases[3].state == LeaseState.READY and s.leases[3].current_vm().start > 0
+    else:
+        assert live(s, 3) == [(0, 3600, [placed_on])]
