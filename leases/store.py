@@ -280,6 +280,7 @@ def _planning(now: datetime) -> Iterator[Planning]:
             sched = load(nodes, state.next_rid)
         plan = Planning(scheduler=sched, now=now, excluded=excluded_nodes(nodes), nodes=nodes)
         sched.settle(plan.t)
+        sched.replaced = []  # set again by this pass's advance(), if it runs one
         sched.observe(observed_extra(nodes, sched, plan.t, plan.excluded))
         yield plan
         changes = sched.take_changes()
@@ -389,11 +390,14 @@ def _report_placed(plan: Planning, changes: list[Change]) -> None:
     }
     rows = []
     messages = []
+    replaced = dict(plan.scheduler.replaced)
     for lease_id in sorted(placed - plan.reported):
         rec = plan.scheduler.leases.get(lease_id)
         if rec is None or rec.current_vm() is None:
             continue
         message = f"placed by the queue: {plan.scheduler.describe(lease_id)}"
+        if lease_id in replaced:
+            message = f"re-placed when its reservation came due ({replaced[lease_id]}): {plan.scheduler.describe(lease_id)}"
         rows.append(placement_report(plan, lease_id, message=message, requested_by="scheduler"))
         messages.append(Lease(pk=lease_id, message=message))
     if rows:
