@@ -124,9 +124,8 @@ def run_in(root: Path, start: datetime, repeat: int, baseline: bool) -> dict:
     return json.loads(line[6:])
 
 
-def export(ref: str) -> Path:
-    """A clean export of `ref` (git archive) for the baseline, replacing an older one."""
-    repo = BENCH.parent
+def export(ref: str, repo: Path) -> Path:
+    """A clean export of `ref` (git archive of `repo`) for the baseline, replacing an older one."""
     subprocess.run(["rm", "-rf", str(BASELINE_TREE)], check=True)
     BASELINE_TREE.mkdir(parents=True)
     archive = subprocess.run(["git", "archive", ref], cwd=repo, capture_output=True, check=True).stdout
@@ -141,6 +140,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--baseline-ref", default="main")
     parser.add_argument("--no-baseline", action="store_true")
+    parser.add_argument(
+        "--repo",
+        default=str(BENCH.parent),
+        help="the git repository holding the baseline ref (when run from an export)",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--baseline", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--root", help=argparse.SUPPRESS)
@@ -154,9 +158,8 @@ def main() -> None:
     from bench_heartbeats import fresh_sqlite, pct
 
     setup(BENCH.parent, fresh_sqlite(DB))
-    from django.utils import timezone
-
     from bench_slots_render import build
+    from django.utils import timezone
 
     now = timezone.now().replace(microsecond=0)
     start = now - timedelta(hours=4)
@@ -165,13 +168,13 @@ def main() -> None:
 
     results = {}
     if not args.no_baseline:
-        results.update(run_in(export(args.baseline_ref), start, args.repeat, baseline=True))
+        results.update(run_in(export(args.baseline_ref, Path(args.repo)), start, args.repeat, baseline=True))
     results.update(run_in(BENCH.parent, start, args.repeat, baseline=False))
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=BENCH.parent, capture_output=True,
-                            text=True, check=False).stdout.strip()  # fmt: skip
+    baseline = subprocess.run(["git", "rev-parse", "--short", args.baseline_ref], cwd=args.repo,
+                              capture_output=True, text=True, check=False).stdout.strip()  # fmt: skip
     print(f"slot table page on sqlite, {NODES:,} nodes x 24 h x {RESERVATIONS:,} reservations, "
-          f"{args.repeat} renders each (commit {commit}, baseline {args.baseline_ref})")  # fmt: skip
+          f"{args.repeat} renders each (baseline {args.baseline_ref} = {baseline})")  # fmt: skip
     print(
         f"  {'view':<38}{'wall p50':>9}{'wall p95':>10}{'cpu p50':>9}{'cpu p95':>9}{'KiB':>7}{'queries':>9}"
     )
