@@ -81,6 +81,7 @@ urlpatterns = [
     path("placement/preview", node_views.placement_preview, name="placement-preview-form"),
     path("placement/<int:report_id>/", fleet_views.report_detail, name="placement-report"),
     path("slots/", lease_views.slot_table, name="slot-table"),
+    path("slots/rows/", lease_views.slot_rows, name="slot-rows"),
     path("leases/", lease_views.lease_list, name="lease-list"),
     path("leases/new", lease_views.lease_new, name="lease-new"),
     path("leases/<int:lease_id>/", lease_views.lease_detail, name="lease-detail"),

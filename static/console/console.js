@@ -251,6 +251,14 @@
     showTimes(utc);
     configureMorph();
     document.body.addEventListener("htmx:beforeSwap", beforeSwap);
+    // A live refresh of a paged table (the slot table's rows come in pages as they scroll into view) re-renders as
+    // many pages as this browser has loaded, so a morph does not drop the rows the operator scrolled to.
+    document.body.addEventListener("htmx:configRequest", function (e) {
+      const elt = e.detail.elt;
+      if (elt && elt.hasAttribute && elt.hasAttribute("data-paged")) {
+        e.detail.parameters.pages = String(Math.max(1, elt.querySelectorAll("[data-page]").length));
+      }
+    });
     document.body.addEventListener("htmx:afterSwap", function () { lastUpdate = Date.now(); showTimes(utc); });
     document.body.addEventListener("htmx:afterSettle", fixGridFocus);
     document.addEventListener("keydown", gridKeys, true);

@@ -1,0 +1,129 @@
+"""The marks drawn inside a slot-table row, one function per kind of mark, each returning its SVG markup:
+
+- `reservation_bar`: one allocation of a reservation (a bar in its lane, linked to its lease);
+- `utilisation_strip`: reservations too thin to draw one by one, folded into a shaded strip that still names them.
+
+Layout (which lane, which y) is decided in leases/slotchart.py; these functions only draw what they are given, so a
+new kind of mark (the forecast's estimated bars, say) is one more function here and one more pass in
+slotchart.layout_row, and touches neither of the two above.
+
+Markup is built with f-strings rather than a template loop (the loop's per-value formatting was 80 % of a
+10,000-bar render); every text from the database goes through escape(). Every mark is a grid cell holding a link
+whose accessible name says what it is, out of the tab order (tabindex -1): the chart is one tab stop and the arrow
+keys move between marks (console.js). Its id lets a live morph keep each mark the same element, so a focused bar
+stays focused."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.utils.html import escape
+
+# Roughly one character of the 10 px bar font in viewBox units: bars narrower than a few characters get no label.
+CHAR_W = 6.2
+
+
+@dataclass(frozen=True)
+class Alloc:
+    """One allocation as window_allocations reads it (a plain tuple, unpacked once)."""
+
+    id: int
+    node_id: int
+    start: datetime
+    end: datetime
+    mem_mib: int
+    cpu: int
+    kind: str
+    status: str
+    lease_id: int
+    lease_name: str
+    lease_type: str
+
+
+def shorten(text: str, room: int) -> str:
+    """The text cut to `room` characters at a word boundary, with "…" when cut, or nothing when not even the
+    first word fits. Whole words only: a link's accessible name must contain the words it shows (a voice-control
+    user says what they see, and axe's label-content-name-mismatch fails "render-fa…" inside "render-farm")."""
+    if len(text) <= room:
+        return text
+    cut = text[: max(0, room - 1)]
+    if text[len(cut)].isalnum():
+        cut = re.sub(r"[^\W_]+$", "", cut)
+    cut = cut.rstrip(" -_.,:")
+    return cut + "…" if cut else ""
+
+
+def fits(text: str, width: float) -> str:
+    """The text cut to what a bar of this width can show, or nothing when not even a short name fits."""
+    room = int((width - 6) / CHAR_W)
+    return shorten(text, room) if room >= 3 else ""
+
+
+def when(start: datetime, end: datetime) -> str:
+    """A bar's times as a person reads them: the end's date only when it differs from the start's."""
+    end_fmt = "%H:%M" if start.date() == end.date() else "%Y-%m-%d %H:%M"
+    return f"{start:%Y-%m-%d %H:%M} to {end:{end_fmt}} UTC"
+
+
+def reservation_bar(
+    a: Alloc,
+    x: float,
+    w: float,
+    y: float,
+    h: float,
+    lane: int,
+    node_name: str,
+    link: str,
+    match: bool = False,
+) -> str:
+    """One reservation's bar on one node: coloured by its kind, outlined by its lease type, faded when done, its
+    lease id and name inside when they fit, a <title> for hover and an accessible name for everything else."""
+    kind_of_lease = a.lease_type.replace("_", " ")
+    title = escape(
+        f"lease {a.lease_id} {a.lease_name} ({kind_of_lease}): {a.kind} "
+        f"{a.start:%Y-%m-%d %H:%M:%S}–{a.end:%H:%M:%S} UTC, {a.mem_mib} MiB, {a.cpu / 100:g} cores, {a.status}"
+    )
+    label = escape(
+        f"lease {a.lease_id} {a.lease_name}, {kind_of_lease}, {a.kind} on {node_name}, "
+        f"{when(a.start, a.end)}, {a.status}"
+    )
+    short = fits(f"{a.lease_id} {a.lease_name}", w)
+    text = f'<text x="{x + 3:.1f}" y="{y + h - 3:.0f}">{escape(short)}</text>' if short else ""
+    matched = " match" if match else ""
+    return (
+        f'<g role="gridcell"><a href="{link}{a.lease_id}/" class="bar-link" id="alloc-{a.id}" data-roving data-bar '
+        f'tabindex="-1" aria-label="{label}"><g class="bar {a.kind} {a.lease_type} {a.status}{matched}" '
+        f'data-lease="{a.lease_id}" data-lane="{lane}"><title>{title}</title>'
+        f'<rect x="{x:.1f}" y="{y:.0f}" width="{w:.1f}" height="{h:.0f}" rx="2"></rect>{text}</g></a></g>'
+    )
+
+
+def utilisation_strip(
+    members: list[Alloc], x: float, w: float, y: float, h: float, fill: float, node_name: str, zoom_link: str
+) -> str:
+    """Reservations under ~2 px wide, folded into one strip: shaded by the share of its width they cover, and named
+    in full in its title and accessible name (how many, of which kinds, which leases), linked to a closer zoom."""
+    start = min(a.start for a in members)
+    end = max(a.end for a in members)
+    kinds: dict[str, int] = {}
+    for a in members:
+        kinds[a.kind] = kinds.get(a.kind, 0) + 1
+    lease_ids = list(dict.fromkeys(a.lease_id for a in members))
+    shown = ", ".join(str(i) for i in lease_ids[:12])
+    more = f" and {len(lease_ids) - 12} more" if len(lease_ids) > 12 else ""
+    what = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
+    count = len(members)
+    noun = "reservation" if count == 1 else "reservations"
+    summary = escape(
+        f"{count} short {noun} on {node_name}, {when(start, end)} ({what}), "
+        f"{fill:.0%} busy: lease{'s' if len(lease_ids) > 1 else ''} {shown}{more}"
+    )
+    return (
+        f'<g role="gridcell"><a href="{escape(zoom_link)}" class="bar-link strip-link" id="strip-{members[0].id}" '
+        f'data-roving data-bar tabindex="-1" aria-label="{summary}; zoom in">'
+        f'<g class="strip" data-strip data-count="{count}" data-leases="{" ".join(map(str, lease_ids))}">'
+        f'<title>{summary}</title><rect x="{x:.1f}" y="{y:.0f}" width="{w:.1f}" height="{h:.0f}" '
+        f'fill-opacity="{0.3 + 0.7 * fill:.2f}"></rect></g></a></g>'
+    )

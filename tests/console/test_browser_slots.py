@@ -1,0 +1,137 @@
+"""The slot table in a real headless Chromium against a real Daphne (issue 13, item 1): three immediate leases that
+need a GPU all land on tank at once, and their bars are drawn on separate lanes (their bounding boxes do not
+intersect, each inside tank's row); rows past the first page load as the table scrolls, and a live refresh keeps
+them. Screenshots of the table, light and dark, are kept in test-artifacts/ for a person to look at.
+
+Skipped only when Debian's chromium is not installed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.console import live
+from tests.console.test_browser_a11y import ARTIFACTS, sign_in, wait_live
+
+pytestmark = live.BROWSER_TEST
+
+EXTRA_NODES = 70  # past the first page of 50 rows
+
+ADD_NODES = """
+from django.utils import timezone
+from fleet import actions
+for i in range(%d):
+    actions.do_register_node(None, name=f"zz-extra-{i:02d}", cpu_cores=4, mem_total_mib=8192, disk_total_gib=50,
+                             capabilities=[], now=timezone.now())
+"""
+
+
+@pytest.fixture(scope="module")
+def console(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("slots")
+    server = live.start(workdir)
+    subprocess.run(
+        [sys.executable, str(live.ROOT / "manage.py"), "shell", "-c", ADD_NODES % EXTRA_NODES],
+        env=live.environment(workdir / "console.sqlite3"),
+        cwd=live.ROOT,
+        check=True,
+        capture_output=True,
+    )
+    for name in server.nodes:
+        server.heartbeat(name, used_mib=2048)
+    server.leases = [  # type: ignore[attr-defined]
+        server.api(
+            "POST",
+            "/api/leases",
+            server.operator_token,
+            {
+                "name": f"gpu-render-{k}",
+                "type": "immediate",
+                "duration_s": 3600 * (k + 1),
+                "capabilities": ["gpu"],
+                "nodes": [{"cpu_cores": 1, "mem_mib": 1024}],
+            },
+        )
+        for k in range(3)
+    ]
+    yield server
+    live.stop(server.process)
+
+
+def boxes_intersect(a: dict, b: dict) -> bool:
+    return (
+        a["x"] < b["x"] + b["width"]
+        and b["x"] < a["x"] + a["width"]
+        and a["y"] < b["y"] + b["height"]
+        and b["y"] < a["y"] + a["height"]
+    )
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_overlapping_reservations_are_drawn_on_separate_lanes(browser, console, theme):
+    context = sign_in(browser, console, color_scheme=theme)
+    page = context.new_page()
+    try:
+        page.goto(console.url + "/slots/?zoom=6h")
+        wait_live(page)
+        row = page.locator('#slot-table [role=row][data-node="tank"]')
+        assert row.get_attribute("data-lanes") == "3"
+        boxes, lanes = [], set()
+        for lease in console.leases:
+            assert lease["state"] == "active", lease
+            bar = row.locator(f'[data-lease="{lease["id"]}"]')
+            lanes.add(bar.get_attribute("data-lane"))
+            boxes.append(bar.locator("rect").bounding_box())
+        assert lanes == {"0", "1", "2"}
+        for i, a in enumerate(boxes):
+            for b in boxes[i + 1 :]:
+                assert not boxes_intersect(a, b), (a, b)
+        # All three start now, so they overlap in time: the lanes, not the times, keep them apart.
+        assert max(b["x"] for b in boxes) - min(b["x"] for b in boxes) < 3
+        area = row.locator("rect.hover").bounding_box()
+        for b in boxes:
+            assert area["y"] <= b["y"] and b["y"] + b["height"] <= area["y"] + area["height"] + 0.5
+        # The last tick label is drawn inside the chart, not cut at its right edge.
+        chart = page.locator("#slot-table svg.axis").bounding_box()
+        last = page.locator("#slot-table svg.axis text.tick").last.bounding_box()
+        assert last["x"] + last["width"] <= chart["x"] + chart["width"] + 0.5
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / f"slot-table-{theme}.png"), full_page=True)
+    except BaseException:
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / f"slot-lanes-{theme}-failed.png"), full_page=True)
+        raise
+    finally:
+        context.close()
+
+
+def test_rows_past_the_first_page_load_as_they_scroll_into_view_and_survive_a_live_refresh(browser, console):
+    context = sign_in(browser, console, color_scheme="light")
+    page = context.new_page()
+    try:
+        page.goto(console.url + "/slots/?zoom=6h")
+        wait_live(page)
+        rows = page.locator("#slot-table [role=row][data-node]")
+        assert rows.count() == 50
+        assert page.locator("#slot-page-1").count() == 0
+        page.locator("#slot-more-1").scroll_into_view_if_needed()
+        page.locator("#slot-page-1").wait_for()
+        assert rows.count() == 3 + EXTRA_NODES
+        assert page.locator(".slot-more").count() == 0
+        page.evaluate("document.getElementById('slot-page-1').__keep = true")
+        swaps = page.evaluate("Number(document.body.dataset.liveHellos || 0)")
+        assert swaps >= 1
+        # A live refresh re-renders both loaded pages (console.js sends ?pages=2): page 1 is morphed, not dropped.
+        with page.expect_response(lambda r: "/slots/?" in r.url and "pages=2" in r.url):
+            page.evaluate("document.body.dispatchEvent(new CustomEvent('slots-changed'))")
+        page.wait_for_load_state("networkidle")
+        assert rows.count() == 3 + EXTRA_NODES
+        assert page.evaluate("document.getElementById('slot-page-1').__keep") is True
+    except BaseException:
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "slot-paging-failed.png"), full_page=True)
+        raise
+    finally:
+        context.close()
