@@ -204,6 +204,7 @@ def slot_table(request):
         "earlier": (start - span / 2).isoformat(),
         "later": (start + span / 2).isoformat(),
         "following_now": "from" not in request.GET,
+        **estimate_context(start, end),
     }
     template = "leases/_slot_table.html" if request.htmx else "leases/slots.html"
     return render(request, template, context)
@@ -308,3 +309,45 @@ def lease_cancel(request, lease_id: int):
     except DomainError as exc:
         messages.error(request, str(exc))
     return redirect("lease-detail", lease_id=lease.pk)
+
+
+# -- the queue forecast on the slot table ---------------------------------------------------------------------------
+
+ESTIMATE_ROWS = 100  # queued leases drawn at most; the rest are counted
+
+
+def estimate_context(start: datetime, end: datetime) -> dict:
+    """The queue forecast under the node rows, apart from real reservations: one row per queued lease estimated to
+    run in the window, in queue order, its bar hatched and labelled "estimated". Not on a node's row: an estimate
+    holds no node, and the scheduler may start the lease elsewhere."""
+    queued = Lease.objects.filter(state__in=("queued", "suspended_queued"))
+    shown = queued.filter(estimated_start__lt=end, estimated_end__gt=start).order_by("submitted_at", "id")
+    leases = list(shown.only("id", "name", "estimated_start", "estimated_end")[: ESTIMATE_ROWS + 1])
+    more = shown.count() - ESTIMATE_ROWS if len(leases) > ESTIMATE_ROWS else 0
+    leases = leases[:ESTIMATE_ROWS]
+    span = (end - start).total_seconds()
+    plot_w = WIDTH - LABEL_W
+
+    def x_of(t: datetime) -> float:
+        return LABEL_W + plot_w * max(0.0, min(1.0, (t - start).total_seconds() / span))
+
+    rows = []
+    for i, lease in enumerate(leases):
+        x0, x1 = x_of(lease.estimated_start), x_of(lease.estimated_end)
+        w = max(1.0, x1 - x0)
+        rows.append(
+            {
+                "lease": lease,
+                "y": i * ROW_H,
+                "x": round(x0, 1),
+                "w": round(w, 1),
+                "text": fits("estimated", w),
+                "when": when(lease.estimated_start, lease.estimated_end),
+            }
+        )
+    return {
+        "estimates": rows,
+        "estimates_more": more,
+        "estimates_height": max(1, len(rows)) * ROW_H,
+        "unestimated": queued.filter(estimated_start__isnull=True).count(),
+    }
