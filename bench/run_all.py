@@ -34,6 +34,7 @@ QUICK = {
     "bench_recovery": ["--quick"],
     "bench_console_ws": ["--quick", "--variants", "project"],
     "bench_concurrency": ["--quick"],
+    "bench_forecast": ["--quick"],
 }
 
 

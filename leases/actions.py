@@ -238,6 +238,7 @@ def recorded_tick(now: datetime) -> Iterator[None]:
 def advance(now: datetime) -> None:
     """The lease part of the tick: starts and ends due reservations, processes the queue and re-evaluates."""
     with store.planning(now) as plan:
+        plan.tick = True
         plan.scheduler.advance(plan.t, plan.excluded)
         for lease_id, reason in plan.scheduler.replaced:
             lease = Lease.objects.get(pk=lease_id)

@@ -65,6 +65,12 @@ class Lease(models.Model):
     images = models.JSONField(default=dict, blank=True)
     message = models.TextField(blank=True)
     version = models.PositiveIntegerField(default=1)
+    # The queue forecast (leases/forecasting.py): for a queued lease, when it would run were every queued lease
+    # reserved in order as conservative backfilling would; None with the reason in estimate_note when it cannot
+    # be given. Empty for a lease that is not queued.
+    estimated_start = models.DateTimeField(null=True, blank=True)
+    estimated_end = models.DateTimeField(null=True, blank=True)
+    estimate_note = models.CharField(max_length=300, blank=True, default="")
 
     # Instance policy (seed 003): restarts, reschedules, and what the agent runs.
     migratable = models.BooleanField(default=True)
@@ -169,6 +175,11 @@ class SchedulerState(models.Model):
     tick_failures = models.PositiveIntegerField(default=0)
     tick_failed_at = models.DateTimeField(null=True, blank=True)
     tick_error = models.TextField(blank=True)
+    # The queue forecast: when it was last computed, what it was computed from (the queue, the unusable nodes and
+    # the fleet's shape, hashed), and whether a planning pass changed the plan since (leases/forecasting.py).
+    forecast_at = models.DateTimeField(null=True, blank=True)
+    forecast_signature = models.CharField(max_length=64, blank=True, default="")
+    forecast_stale = models.BooleanField(default=True)
 
     def __str__(self) -> str:
         return f"scheduler state v{self.version}"

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 
 from leases.lifecycle import LeaseState, lease_transition
 from leases.scheduling.explain import Explaining
+from leases.scheduling.forecast import Estimate, forecast
 from leases.scheduling.records import (
     ACTIVE,
     ADVANCE_RESERVATION,
@@ -55,11 +56,13 @@ __all__ = [
     "VM",
     "Change",
     "Decision",
+    "Estimate",
     "LeaseRecord",
     "LeaseRequest",
     "ReservationRecord",
     "Scheduler",
     "SchedulerConfig",
+    "forecast",
 ]
 
 _S = LeaseState

@@ -225,6 +225,41 @@ class SlotTable:
             if t == math.inf:
                 return None  # Only a reservation that never ends can push the start out to infinity.
 
+    def free_runs(self, node: int, need: Res, after: float) -> list[tuple[float, float]]:
+        """The maximal intervals from `after` on over which `need` fits on the node, in time order; the last one
+        ends at inf (usage falls to zero after the last end). Empty if it never fits. The earliest fit for any
+        duration d is the start of the first run at least d long: the queue forecast asks that of many durations
+        per node, so it keeps these runs rather than asking earliest_fit again and again."""
+        limit = room_limit(self._cap(node), need)
+        if limit is None:
+            return []
+        line = self._line(node)
+        times = line.times
+        if not times or times[-1] <= after:
+            return [(after, math.inf)]
+        k = line.first_segment(after)
+        room = line.room(k, None, *limit)
+        runs: list[tuple[float, float]] = []
+        if after < times[0]:
+            # Nothing is reserved before the first breakpoint: a free run from `after`, joined to the first
+            # segment's if that one has room too.
+            runs.append((after, times[0]))
+        pos = 0
+        while True:
+            a = room.find(1, pos)
+            if a < 0:
+                return runs
+            b = room.find(0, a)
+            start = max(times[k + a], after)
+            end = times[k + b] if b >= 0 else math.inf
+            if runs and runs[-1][1] >= start:
+                runs[-1] = (runs[-1][0], end)
+            else:
+                runs.append((start, end))
+            if b < 0:
+                return runs
+            pos = b
+
     def free_over(self, node: int, start: float, end: float) -> Res:
         return unvec(self.free_over_vec(node, start, end))
 

@@ -26,7 +26,7 @@ from django.db import OperationalError, transaction
 from fleet import affinity, capacity, reports
 from fleet.models import PlacementReport
 from fleet.placement import states_from_rows
-from leases import reads, vnodes
+from leases import forecasting, reads, vnodes
 from leases.alerts import raise_alert
 from leases.instance_rows import present_instances, sync_lease_instances
 from leases.lifecycle import TERMINAL_LEASE_STATES, LeaseState
@@ -239,6 +239,8 @@ class Planning:
     nodes: list[capacity.NodeState]
     # Leases whose placement report the caller wrote; the applier writes one for every other lease placed.
     reported: set[int] = field(default_factory=set)
+    # The periodic tick's pass: it runs the queue forecast however long the queue (leases/forecasting.py).
+    tick: bool = False
 
     @property
     def t(self) -> float:
@@ -288,9 +290,12 @@ def _planning(now: datetime) -> Iterator[Planning]:
         _report_placed(plan, changes)
         _record_isolated(sched.take_isolated(), now)
         _record_displaced(sched.take_displaced(), nodes, now)
+        forecasting.refresh(
+            sched, state, now, plan.excluded, fingerprint, changed=bool(changes), tick=plan.tick
+        )
         state.version += 1
         state.next_rid = sched.next_rid
-        state.save(update_fields=["version", "next_rid"])
+        state.save(update_fields=["version", "next_rid", *forecasting.STATE_FIELDS])
         version = state.version
 
         def keep():

@@ -5,6 +5,7 @@ write only through leases/actions.py; the role is checked again here (a hidden b
 
 from __future__ import annotations
 
+from datetime import datetime
 from urllib.parse import urlencode
 
 from django.contrib import messages
@@ -18,6 +19,7 @@ from fleet.views import sort_verdicts
 from leases import actions, forms, slotchart
 from leases.lifecycle import TERMINAL_LEASE_STATES
 from leases.models import Group, Lease, LeaseType, Reservation
+from leases.slot_marks import fits, when
 from slotkeeper.decorators import role_required
 from slotkeeper.domain import DomainError
 
@@ -49,6 +51,7 @@ def slot_table(request):
         "earlier": (window.start - span / 2).isoformat(),
         "later": (window.start + span / 2).isoformat(),
         "following_now": window.following_now,
+        **estimate_context(window.start, window.end),
     }
     template = "leases/_slot_table.html" if request.htmx else "leases/slots.html"
     return render(request, template, context)
@@ -165,3 +168,46 @@ def lease_cancel(request, lease_id: int):
     except DomainError as exc:
         messages.error(request, str(exc))
     return redirect("lease-detail", lease_id=lease.pk)
+
+
+# -- the queue forecast on the slot table ---------------------------------------------------------------------------
+
+ESTIMATE_ROWS = 100  # queued leases drawn at most; the rest are counted
+WIDTH, LABEL_W, ROW_H = slotchart.WIDTH, slotchart.LABEL_W, slotchart.LANE_H
+
+
+def estimate_context(start: datetime, end: datetime) -> dict:
+    """The queue forecast under the node rows, apart from real reservations: one row per queued lease estimated to
+    run in the window, in queue order, its bar hatched and labelled "estimated". Not on a node's row: an estimate
+    holds no node, and the scheduler may start the lease elsewhere."""
+    queued = Lease.objects.filter(state__in=("queued", "suspended_queued"))
+    shown = queued.filter(estimated_start__lt=end, estimated_end__gt=start).order_by("submitted_at", "id")
+    leases = list(shown.only("id", "name", "estimated_start", "estimated_end")[: ESTIMATE_ROWS + 1])
+    more = shown.count() - ESTIMATE_ROWS if len(leases) > ESTIMATE_ROWS else 0
+    leases = leases[:ESTIMATE_ROWS]
+    span = (end - start).total_seconds()
+    plot_w = WIDTH - LABEL_W
+
+    def x_of(t: datetime) -> float:
+        return LABEL_W + plot_w * max(0.0, min(1.0, (t - start).total_seconds() / span))
+
+    rows = []
+    for i, lease in enumerate(leases):
+        x0, x1 = x_of(lease.estimated_start), x_of(lease.estimated_end)
+        w = max(1.0, x1 - x0)
+        rows.append(
+            {
+                "lease": lease,
+                "y": i * ROW_H,
+                "x": round(x0, 1),
+                "w": round(w, 1),
+                "text": fits("estimated", w),
+                "when": when(lease.estimated_start, lease.estimated_end),
+            }
+        )
+    return {
+        "estimates": rows,
+        "estimates_more": more,
+        "estimates_height": max(1, len(rows)) * ROW_H,
+        "unestimated": queued.filter(estimated_start__isnull=True).count(),
+    }

@@ -207,6 +207,21 @@ class ReportBriefSerializer(serializers.ModelSerializer):
 class LeaseSerializer(serializers.ModelSerializer):
     nodes = serializers.JSONField(source="vnodes", read_only=True)
     start = serializers.DateTimeField(source="requested_start", read_only=True, allow_null=True)
+    estimated_start = serializers.DateTimeField(
+        read_only=True,
+        allow_null=True,
+        help_text="A queued lease only: when it would start were every queued lease reserved in queue order, as "
+        "conservative backfilling would (an estimate, refreshed as the plan changes). Null otherwise, or when "
+        "none can be given (estimate_note says why).",
+    )
+    estimated_end = serializers.DateTimeField(
+        read_only=True, allow_null=True, help_text="With estimated_start: when it would end."
+    )
+    estimate_note = serializers.CharField(
+        read_only=True,
+        help_text="Why a queued lease has no estimated_start (for example: no usable node has the capability it "
+        "needs); empty otherwise.",
+    )
 
     class Meta:
         model = Lease
@@ -226,6 +241,9 @@ class LeaseSerializer(serializers.ModelSerializer):
             "run_time_s",
             "lost_run_time_s",
             "message",
+            "estimated_start",
+            "estimated_end",
+            "estimate_note",
             "migratable",
             "restart_policy",
             "max_reschedules",

@@ -281,3 +281,40 @@ def test_a_lease_filter_that_only_looks_like_a_number_is_a_400(viewer):
     # "²".isdigit() is True and int("²") raises: it was a 500.
     assert viewer.get("/api/instances/", {"lease": "²"}).status_code == 400
     assert viewer.get("/api/instances/", {"node": "²"}).status_code == 200  # a node name, matching none
+
+
+def test_a_queued_lease_carries_its_estimated_start_and_a_lease_that_cannot_fit_says_why(
+    operator, viewer, fleet
+):
+    # Four nodes of 8 GiB: the blocker holds all four for 600 s; `next` gets aggressive backfilling's one future
+    # reservation right after it (node 1); `wide` needs all four nodes, so it waits for `next` to end too; `short`
+    # backfills into the 600 s the other three nodes are free before `wide` starts.
+    blocker = submit(operator, type="immediate", duration_s=600, nodes=[vm(mem=8192)] * 4).json()
+    nxt = submit(operator, duration_s=600, nodes=[vm(mem=8192)]).json()
+    wide = submit(operator, duration_s=300, nodes=[vm(mem=8192)] * 4).json()
+    short = submit(operator, duration_s=100, nodes=[vm(mem=8192)]).json()
+    gpu = submit(operator, duration_s=100, nodes=[vm()], capabilities=["gpu"]).json()
+    assert (nxt["state"], wide["state"], short["state"], gpu["state"]) == (
+        "ready",
+        "queued",
+        "queued",
+        "queued",
+    )
+    end = Reservation.objects.get(lease_id=blocker["id"], kind="vm").end
+    got = {lid: viewer.get(f"/api/leases/{lid}/").json() for lid in (wide["id"], short["id"], gpu["id"])}
+    when = {lid: (body["estimated_start"], body["estimated_end"]) for lid, body in got.items()}
+    iso = lambda t: t.isoformat().replace("+00:00", "Z")  # noqa: E731
+    assert when[wide["id"]] == (iso(end + timedelta(seconds=600)), iso(end + timedelta(seconds=900)))
+    assert when[short["id"]] == (iso(end), iso(end + timedelta(seconds=100)))
+    assert when[gpu["id"]] == (None, None)
+    assert got[gpu["id"]]["estimate_note"] == "no usable node: 4 missing_capability"
+    assert got[wide["id"]]["estimate_note"] == ""
+    # A lease that is not queued has no estimate; the list carries the same fields.
+    assert viewer.get(f"/api/leases/{nxt['id']}/").json()["estimated_start"] is None
+    listed = {row["id"]: row for row in viewer.get("/api/leases/").json()["results"]}
+    assert listed[short["id"]]["estimated_start"] == iso(end)
+    # Cancelling the blocker moves every estimate: the queue's next pass reserves `wide` and `short` for real,
+    # and their estimates go.
+    operator.post(f"/api/leases/{blocker['id']}/cancel")
+    after = Lease.objects.get(pk=short["id"])
+    assert after.state != "queued" and after.estimated_start is None

@@ -1,6 +1,7 @@
 """The slot table: Haizea's own slot-table tests (SEMANTICS.md §8.2) ported to our API, the edges of the
 half-open convention, and property tests against a naive model that scans every reservation."""
 
+import itertools
 import math
 import random
 from datetime import UTC, datetime
@@ -699,3 +700,21 @@ def test_the_fleets_free_cpu_at_an_instant_matches_the_total_free():
     for t in (0, 10, 15, 20, 25):
         assert table.total_free_cpu_at(t) == table.total_free_at(t).cpu
     assert table.total_free_cpu_at(10) == 150
+
+
+@settings(max_examples=200, deadline=None)
+@given(tables, queries)
+def test_free_runs_give_every_earliest_fit(built, query):
+    # The queue forecast reads earliest starts off these runs: the first run at least d long starts at the earliest
+    # fit for d, for every d, and the runs are disjoint, in order, and end at inf.
+    table, naive = build(*built)
+    node, need, after, _ = query
+    runs = table.free_runs(node, need, after)
+    if not need.fits_in(CAP[node]):
+        assert runs == []
+        return
+    assert runs[-1][1] == math.inf and runs[0][0] >= after
+    assert all(a < b < c for (a, b), (c, _) in itertools.pairwise(runs))
+    for length in (0.5, 1.0, 3.0, 7.0, 40.0):
+        first = next((a for a, b in runs if b - a >= length), None)
+        assert first == naive.earliest_fit(node, need, length, after)
