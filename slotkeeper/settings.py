@@ -226,7 +226,7 @@ SLOTKEEPER = {
     "HEALTH_HISTORY_S": float(os.environ.get("SLOTKEEPER_HEALTH_HISTORY_S", "3600")),
     # At most one history sample per node this often: the latest report is always on the node row, and a chart
     # of the last hour needs no more (at 10,000 nodes every 5 s, one row per heartbeat was 7.2 million an hour).
-    "HEALTH_SAMPLE_EVERY_S": float(os.environ.get("SLOTKEEPER_HEALTH_SAMPLE_EVERY_S", "15")),
+    "HEALTH_SAMPLE_EVERY_S": float(os.environ.get("SLOTKEEPER_HEALTH_SAMPLE_EVERY_S", "30")),
     # A sweep that finds its previous run older than this was away (the server or beat was down): every node gets
     # a fresh grace from then, instead of being found dead for the sweep's own absence.
     "SWEEP_OUTAGE_GAP_S": float(os.environ.get("SLOTKEEPER_SWEEP_OUTAGE_GAP_S", "15")),
