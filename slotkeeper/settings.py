@@ -227,6 +227,11 @@ SLOTKEEPER = {
     # At most one history sample per node this often: the latest report is always on the node row, and a chart
     # of the last hour needs no more (at 10,000 nodes every 5 s, one row per heartbeat was 7.2 million an hour).
     "HEALTH_SAMPLE_EVERY_S": float(os.environ.get("SLOTKEEPER_HEALTH_SAMPLE_EVERY_S", "30")),
+    # Node tokens each web process remembers (slotkeeper/auth.py node_tokens), and for how long: a heartbeat from a
+    # node seen within the TTL skips the token lookup. Every use is checked against the node row in the same
+    # statement, so the TTL bounds memory, not how long a rotated or fenced token is accepted (never).
+    "NODE_TOKEN_CACHE_SIZE": int(os.environ.get("SLOTKEEPER_NODE_TOKEN_CACHE_SIZE", "20000")),
+    "NODE_TOKEN_CACHE_TTL_S": float(os.environ.get("SLOTKEEPER_NODE_TOKEN_CACHE_TTL_S", "30")),
     # A sweep that finds its previous run older than this was away (the server or beat was down): every node gets
     # a fresh grace from then, instead of being found dead for the sweep's own absence.
     "SWEEP_OUTAGE_GAP_S": float(os.environ.get("SLOTKEEPER_SWEEP_OUTAGE_GAP_S", "15")),
