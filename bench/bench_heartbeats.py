@@ -13,9 +13,13 @@ then runs each phase for a fixed time and prints accepted heartbeats/s with p50/
   ASGI handler allow before any view or query runs.
 - api over http: the heartbeat against the same Daphne (the full run also tries two Daphne processes,
   the distributed deployment's shape, with the connections split between them).
-- the same with CONN_MAX_AGE=0: under ASGI each request runs on a fresh thread, and a persistent connection per
-  thread piles up until PostgreSQL refuses clients (500s). This variant measures the cheapest fix, a new connection
-  per request, through a settings module written to /tmp for the run (the project's files stay as they are).
+- the same with DB_POOL=0 ("no pool"): a new PostgreSQL connection per request, as before the connection pool
+  (issue 12, item 5); CONN_MAX_AGE is 0 in both (persistent connections piled up one per Daphne thread until
+  PostgreSQL refused clients: the 500s of the first run in docs/BENCHMARKS.md).
+
+A steady fleet revisits each node every few seconds, so a heartbeat usually finds its node's token in the web
+process's cache (slotkeeper.auth.node_tokens, 30 s); with many nodes and a short phase every heartbeat is a first
+contact instead. `--nodes 200` measures the steady state, the default 10,000 the cold one.
 
 The HTTP client is a small asyncio loop over raw keep-alive sockets rather than `requests`: on two cores every
 client CPU cycle is taken from the server, and `requests` costs about as much per call as the view does.
@@ -23,6 +27,7 @@ Daphne runs with EMBEDDED_LOOP=0 (the periodic sweep is not what is measured; in
 Celery anyway). The other benchmarks of Django code import the database set-up from here.
 
     .venv/bin/python bench/bench_heartbeats.py [--quick] [--nodes 10000] [--seconds 15] [--profile]
+        [--database slotkeeper_bench]
 """
 
 from __future__ import annotations
@@ -301,10 +306,13 @@ def free_port() -> int:
 SHIM = Path("/tmp/slotkeeper_bench_settings")
 
 
-def daphne_env(database_url: str, conn_max_age: int | None) -> dict[str, str]:
+def daphne_env(database_url: str, conn_max_age: int | None, pool: bool = True) -> dict[str, str]:
     """The project's settings, or with `conn_max_age` a settings module written for this run that changes only
-    CONN_MAX_AGE: how the suggested fix for the connection pile-up is measured without touching the project."""
+    CONN_MAX_AGE: how the suggested fix for the connection pile-up was measured without touching the project.
+    `pool=False`: without the connection pool (DB_POOL=0)."""
     env = bench_env(database_url)
+    if not pool:
+        env["DB_POOL"] = "0"
     if conn_max_age is None:
         return env
     SHIM.mkdir(exist_ok=True)
@@ -314,12 +322,14 @@ def daphne_env(database_url: str, conn_max_age: int | None) -> dict[str, str]:
     return {**env, "DJANGO_SETTINGS_MODULE": "bench_settings", "PYTHONPATH": str(SHIM)}
 
 
-def start_daphne(database_url: str, log: Path, conn_max_age: int | None) -> tuple[subprocess.Popen, int]:
+def start_daphne(
+    database_url: str, log: Path, conn_max_age: int | None, pool: bool = True
+) -> tuple[subprocess.Popen, int]:
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "slotkeeper.asgi:application"],
         cwd=ROOT,
-        env=daphne_env(database_url, conn_max_age),
+        env=daphne_env(database_url, conn_max_age, pool),
         stdout=subprocess.DEVNULL,
         stderr=log.open("ab"),
     )
@@ -443,11 +453,14 @@ class HttpResult:
 class Server:
     processes: int
     conn_max_age: int | None = None  # None: the project's settings
+    pool: bool = True  # False: DB_POOL=0
 
     @property
     def label(self) -> str:
-        return f"x{self.processes}" + (
-            "" if self.conn_max_age is None else f" CONN_MAX_AGE={self.conn_max_age}"
+        return (
+            f"x{self.processes}"
+            + ("" if self.conn_max_age is None else f" CONN_MAX_AGE={self.conn_max_age}")
+            + ("" if self.pool else " no pool")
         )
 
 
@@ -459,11 +472,13 @@ def over_http(
     import psutil
 
     log = Path("/tmp/slotkeeper_bench_daphne.log")
-    started = [start_daphne(database_url, log, server.conn_max_age) for _ in range(server.processes)]
+    started = [
+        start_daphne(database_url, log, server.conn_max_age, server.pool) for _ in range(server.processes)
+    ]
     ports = [port for _, port in started]
     try:
         floor = None
-        if server.conn_max_age is None:
+        if server.conn_max_age is None and server.pool:
             floor = asyncio.run(http_load(ports, [HEALTHZ], connections, seconds))
         requests = [heartbeat_request(node_id, token) for node_id, token in nodes]
         procs = [psutil.Process(p.pid) for p, _ in started]
@@ -506,11 +521,14 @@ def main() -> None:
     parser.add_argument(
         "--profile", action="store_true", help="print a cProfile of 2,000 in-process heartbeats"
     )
+    parser.add_argument(
+        "--database", default=BENCH_DB, help=f"the database to drop and recreate (default {BENCH_DB})"
+    )
     args = parser.parse_args()
     n = args.nodes or (1000 if args.quick else 10_000)
     seconds = args.seconds or (4.0 if args.quick else 15.0)
 
-    url = fresh_postgres()
+    url = fresh_postgres(args.database)
     start_django(url)
     nodes = register_nodes(n)
     from django.db import connection
@@ -526,7 +544,15 @@ def main() -> None:
     print(line("db floor (raw psycopg)", db_floor(url, nodes, args.threads, seconds)))
     print(line("db batched x100 (per flush)", db_batched(url, nodes, 100, seconds)))
     print(line("api in-process", api_in_process(nodes, args.threads, seconds), TARGET_PER_S))
-    servers = [Server(1), Server(1, conn_max_age=0)] + ([] if args.quick else [Server(2), Server(2, 0)])
+    try:
+        from slotkeeper.auth import node_tokens  # this branch's token cache; absent before it
+    except ImportError:
+        pass
+    else:
+        print(
+            f"  {'':<34}node tokens from the cache: {node_tokens.hits:,} of {node_tokens.hits + node_tokens.misses:,}"
+        )
+    servers = [Server(1), Server(1, pool=False)] + ([] if args.quick else [Server(2), Server(2, pool=False)])
     for server in servers:
         print(f"  ... Daphne {server.label}", file=sys.stderr)
         http = over_http(url, nodes, server, args.connections, seconds)

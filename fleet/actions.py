@@ -9,6 +9,7 @@ and a heartbeat racing on one node cannot both apply: the loser's update matches
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -16,11 +17,12 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Case, Q, Value, When
+from django.db.models import Case, F, Q, Value, When
 
 from fleet import capacity, nodestate, placement
 from fleet.models import HealthSample, Node, NodeStatus, PlacementReport, SweepState
 from slotkeeper import audit, events, metrics, planlock
+from slotkeeper.auth import NodeToken, node_tokens
 from slotkeeper.domain import DomainError, NotFound
 from slotkeeper.models import hash_token, new_token
 
@@ -77,7 +79,15 @@ def do_rotate_token(actor, node_id: int, *, now: datetime) -> str:
         node.token_digest = hash_token(raw)
         node.save(update_fields=["token_digest"])
         audit.record(at=now, actor=actor, action="node.rotate_token", target=node)
+    _forget_tokens(node_id)
     return raw
+
+
+def _forget_tokens(node_id: int) -> None:
+    """Drops the node's remembered token in this process, now and once the caller's transaction commits (a
+    heartbeat between the two finds the row changed and takes the slow path anyway)."""
+    node_tokens.forget_node(node_id)
+    transaction.on_commit(lambda: node_tokens.forget_node(node_id))
 
 
 EDITABLE = ("name", "cpu_cores", "mem_total_mib", "disk_total_gib", "capabilities")
@@ -93,6 +103,7 @@ def do_update_node(actor, node_id: int, changes: dict, *, now: datetime) -> Node
                     setattr(node, field, sorted(set(value)) if field == "capabilities" else value)
             node.version += 1
             node.save(update_fields=[*before, "version"])
+            _forget_tokens(node.pk)  # a renamed node's agent is named anew in logs and the audit
             audit.record(
                 at=now,
                 actor=actor,
@@ -146,6 +157,7 @@ def do_delete_node(actor, node_id: int, *, now: datetime, placed: Collection[str
             )
         audit.record(at=now, actor=actor, action="node.delete", target=node)
         node.delete()
+        _forget_tokens(node_id)
         events.send_on_commit("node-changed", node=node_id)
 
 
@@ -208,6 +220,70 @@ def do_heartbeat(node: Node, report: HealthReport, *, now: datetime, committed: 
             setattr(node, field, value)
         events.send_on_commit("node-changed", node=node.pk)
     return node
+
+
+class Stale(Exception):
+    """The fast heartbeat's remembered token no longer matches the node row (another token, fenced, deleted, or
+    its status changed): the caller rolls back and takes the full path."""
+
+
+def do_heartbeat_known(
+    token: NodeToken, report: HealthReport, *, now: datetime, committed: bool = False
+) -> NodeToken:
+    """`do_heartbeat` for a node whose token this process resolved recently, without reading the node row: one
+    UPDATE guarded by what the full path would have checked (this token, not fenced, the status remembered:
+    online or draining, so there is nothing to bring back), and a history sample at most every
+    HEALTH_SAMPLE_EVERY_S, claimed with its own compare-and-swap so two processes never both take it. Raises
+    `Stale` when the guard matches no row; call it inside the caller's transaction, which must then roll back."""
+    if token.status not in (NodeStatus.ONLINE, NodeStatus.DRAINING):
+        raise Stale(token.status)
+    instances = list(report.instances)
+    fields: dict = {
+        "last_heartbeat_at": now,
+        "obs_mem_total_mib": report.mem_total_mib,
+        "obs_mem_used_mib": report.mem_used_mib,
+        "obs_disk_free_gib": report.disk_free_gib,
+        "obs_cpu_pct": report.cpu_pct,
+        "obs_load1": report.load1,
+        "reported_instances": instances,
+    }
+    if not instances and not committed:
+        # nodestate.remembered_baseline, said in SQL so the row's own value decides (another process may have
+        # moved it since this one read it): the reading, unless within BASELINE_STEP_MIB of what is remembered.
+        used, step = report.mem_used_mib, nodestate.BASELINE_STEP_MIB
+        fields["idle_baseline_mib"] = Case(
+            When(
+                Q(idle_baseline_mib=None)
+                | Q(idle_baseline_mib__lte=used - step)
+                | Q(idle_baseline_mib__gte=used + step),
+                then=Value(used),
+            ),
+            default=F("idle_baseline_mib"),
+            output_field=Node._meta.get_field("idle_baseline_mib"),
+        )
+    with transaction.atomic():
+        updated = Node.objects.filter(
+            pk=token.node_id, token_digest=token.digest, fenced_at=None, status=token.status
+        ).update(**fields)
+        if not updated:
+            raise Stale("the node row changed")
+        every = settings.SLOTKEEPER["HEALTH_SAMPLE_EVERY_S"]
+        if token.last_sample_at is None or (now - token.last_sample_at).total_seconds() >= every:
+            due = Q(last_sample_at=None) | Q(last_sample_at__lte=now - timedelta(seconds=every))
+            if Node.objects.filter(due, pk=token.node_id).update(last_sample_at=now):
+                HealthSample.objects.create(
+                    node_id=token.node_id,
+                    at=now,
+                    mem_total_mib=report.mem_total_mib,
+                    mem_used_mib=report.mem_used_mib,
+                    disk_free_gib=report.disk_free_gib,
+                    cpu_pct=report.cpu_pct,
+                    load1=report.load1,
+                )
+            # Taken here or by another process since: either way not due again before `every` from now.
+            token = dataclasses.replace(token, last_sample_at=now)
+        events.send_on_commit("node-changed", node=token.node_id)
+    return token
 
 
 def do_preview_placement(
@@ -380,6 +456,7 @@ def do_declare_dead(actor, node_id: int, *, reason: str, now: datetime) -> Node:
         was_dead = node.status == NodeStatus.DEAD
         node.fenced_at = now
         node.fence_reason = reason[:300]
+        _forget_tokens(node.pk)
         if was_dead:
             # The sweep found it dead already (its instances are lost): fence it from now on.
             node.status_reason = reason[:300]

@@ -6,4 +6,6 @@ class SlotkeeperConfig(AppConfig):
     verbose_name = "Slotkeeper"
 
     def ready(self):
-        from slotkeeper import schema  # noqa: F401 (registers the OpenAPI extension)
+        from slotkeeper import metrics, schema  # noqa: F401 (schema registers the OpenAPI extension)
+
+        metrics.register_gauges(metrics.pool_gauges)

@@ -7,8 +7,13 @@ it may only call the agent endpoints of its own node, which check `node_id` them
 
 from __future__ import annotations
 
+import threading
+import time
+from collections import OrderedDict
 from dataclasses import dataclass
+from datetime import datetime
 
+from django.conf import settings
 from django.utils import timezone
 from rest_framework import authentication, exceptions, permissions
 
@@ -31,6 +36,90 @@ class NodeAgent:
         return f"agent:{self.node_name}"
 
 
+@dataclass(frozen=True)
+class NodeToken:
+    """A node token this process resolved recently (`node_tokens`): who it belongs to and what the node row said
+    then. Never trusted on its own: every use checks it against the row in the same statement (the heartbeat's
+    guarded UPDATE, or the read by id and digest), so a token rotated or a node fenced in another process is
+    refused at once there too; the cache only saves the lookup."""
+
+    digest: str
+    node_id: int
+    node_name: str
+    status: str
+    last_sample_at: datetime | None
+
+
+class NodeTokenCache:
+    """Digest -> NodeToken, bounded (least recently used out first) and short-lived (`ttl_s`). Dropped for a node
+    when its token is rotated, it is fenced or deleted (fleet/actions.py), so this process never even tries a stale
+    entry; other processes find out through the check above and drop theirs."""
+
+    def __init__(self, max_size: int, ttl_s: float) -> None:
+        self.max_size, self.ttl_s = max_size, ttl_s
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[str, tuple[float, NodeToken]] = OrderedDict()
+        self.hits = self.misses = 0
+
+    def get(self, digest: str) -> NodeToken | None:
+        with self._lock:
+            found = self._entries.get(digest)
+            if found is None or found[0] <= time.monotonic():
+                if found is not None:
+                    del self._entries[digest]
+                self.misses += 1
+                return None
+            self._entries.move_to_end(digest)
+            self.hits += 1
+            return found[1]
+
+    def put(self, entry: NodeToken) -> None:
+        with self._lock:
+            self._entries[entry.digest] = (time.monotonic() + self.ttl_s, entry)
+            self._entries.move_to_end(entry.digest)
+            while len(self._entries) > self.max_size:
+                self._entries.popitem(last=False)
+
+    def update(self, entry: NodeToken) -> None:
+        """Replaces an entry that is still cached (keeping its expiry); never adds one."""
+        with self._lock:
+            found = self._entries.get(entry.digest)
+            if found is not None:
+                self._entries[entry.digest] = (found[0], entry)
+
+    def forget(self, digest: str) -> None:
+        with self._lock:
+            self._entries.pop(digest, None)
+
+    def forget_node(self, node_id: int) -> None:
+        with self._lock:
+            for digest in [d for d, (_, e) in self._entries.items() if e.node_id == node_id]:
+                del self._entries[digest]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+node_tokens = NodeTokenCache(
+    max_size=settings.SLOTKEEPER["NODE_TOKEN_CACHE_SIZE"], ttl_s=settings.SLOTKEEPER["NODE_TOKEN_CACHE_TTL_S"]
+)
+
+
+def node_token_of(node, digest: str | None = None) -> NodeToken:
+    """What `node_tokens` remembers of a node row just read or written."""
+    return NodeToken(
+        digest=digest or node.token_digest,
+        node_id=node.pk,
+        node_name=node.name,
+        status=node.status,
+        last_sample_at=node.last_sample_at,
+    )
+
+
 def bearer_from(header: str) -> str | None:
     scheme, _, raw = header.partition(" ")
     if scheme.lower() != "bearer" or not raw.strip():
@@ -39,16 +128,24 @@ def bearer_from(header: str) -> str | None:
 
 
 def authenticate_token(raw: str):
-    """Returns (principal, token row or node) for a raw Bearer token, or None when it is unknown or revoked."""
+    """Returns (principal, credential) for a raw Bearer token, or None when it is unknown or revoked; the
+    credential is the ApiToken row, the Node row, or a NodeToken. A node token seen recently comes from `node_tokens` without a query (a NodeToken, which its user
+    checks against the row); otherwise the node row is read whole, since the agent views work on it."""
     # Imported here: this module is part of the kernel every app imports (fleet too), so importing fleet's
     # models at the top would make the kernel depend on the app above it; only a node's token needs them.
     from fleet.models import Node
 
     digest = hash_token(raw)
     if raw.startswith("skn_"):
-        # The whole row: the heartbeat view works on it, so the node is read once per request, not twice.
+        cached = node_tokens.get(digest)
+        if cached is not None:
+            return NodeAgent(node_id=cached.node_id, node_name=cached.node_name), cached
         node = Node.objects.filter(token_digest=digest).first()
-        return (NodeAgent(node_id=node.pk, node_name=node.name), node) if node else None
+        if node is None:
+            return None
+        if node.fenced_at is None:
+            node_tokens.put(node_token_of(node))
+        return NodeAgent(node_id=node.pk, node_name=node.name), node
     token = ApiToken.objects.select_related("user").filter(digest=digest, revoked_at=None).first()
     if token is None or not token.user.is_active:
         return None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import OperationalError, connection
+from psycopg_pool import PoolTimeout
 
 from slotkeeper.domain import DomainError
 
@@ -55,5 +56,9 @@ def take() -> None:
 
 
 def is_busy_error(exc: BaseException) -> bool:
-    """SQLite's "database is locked" after its busy timeout: the same condition as PlanBusy, one level down."""
-    return isinstance(exc, OperationalError) and "database is locked" in str(exc)
+    """SQLite's "database is locked" after its busy timeout: the same condition as PlanBusy, one level down. Also
+    PostgreSQL's connection pool found empty for DB_POOL_TIMEOUT_S (psycopg-pool's PoolTimeout, which Django raises
+    as its OperationalError): the request did nothing yet and may be sent again."""
+    if not isinstance(exc, OperationalError):
+        return False
+    return "database is locked" in str(exc) or isinstance(exc.__cause__, PoolTimeout)

@@ -107,7 +107,7 @@ TEMPLATES = [
 DATABASE_URL = os.environ.get("DATABASE_URL", f"sqlite:///{BASE_DIR / 'slotkeeper.sqlite3'}")
 # Daphne runs each sync view on a fresh thread, so persistent connections (CONN_MAX_AGE > 0) pile up one per thread
 # until PostgreSQL refuses more ("too many clients": 38 % of heartbeats failed that way under load, measured).
-# Celery workers may raise it through the environment.
+# On PostgreSQL the pool below keeps connections instead; without it (DB_POOL=0) DB_CONN_MAX_AGE may be raised.
 DATABASES = {
     "default": dj_database_url.parse(DATABASE_URL, conn_max_age=int(os.environ.get("DB_CONN_MAX_AGE", "0")))
 }
@@ -125,6 +125,28 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # runs) never share, and corrupt, one file.
     DATABASES["default"]["TEST"] = {"NAME": str(BASE_DIR / f".test-{os.getpid()}.sqlite3")}
 IS_POSTGRES = DATABASES["default"]["ENGINE"].startswith("django.db.backends.postgresql")
+# PostgreSQL: Django's connection pool (psycopg-pool), one per process. A request borrows a connection for its
+# duration and gives it back, so the server holds at most DB_POOL_MAX_SIZE connections per process however many
+# threads Daphne runs views on; a request that finds the pool empty waits up to DB_POOL_TIMEOUT_S, then is answered
+# 503 with Retry-After (slotkeeper/planlock.py is_busy_error), never "too many clients". Size it so that every
+# process's maximum fits under PostgreSQL's max_connections (100 by default): 2 Daphne + 2 workers + beat at the
+# default 10 is 50. The pool requires CONN_MAX_AGE 0 (its connections are kept by the pool, not by the thread).
+# DB_POOL=0 turns it off (e.g. behind PgBouncer), and only then may DB_CONN_MAX_AGE be raised.
+DB_POOL = IS_POSTGRES and env_bool("DB_POOL", True)
+if DB_POOL:
+    if DATABASES["default"]["CONN_MAX_AGE"]:
+        from django.core.exceptions import ImproperlyConfigured
+
+        raise ImproperlyConfigured(
+            "DB_CONN_MAX_AGE must be 0 with the connection pool; set DB_POOL=0 to raise it."
+        )
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": int(os.environ.get("DB_POOL_MIN_SIZE", "2")),
+        "max_size": int(os.environ.get("DB_POOL_MAX_SIZE", "10")),
+        "timeout": float(os.environ.get("DB_POOL_TIMEOUT_S", "10")),
+        # Named, so pg_stat_activity and the pool's logs say whose connections these are.
+        "name": "slotkeeper",
+    }
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -204,7 +226,12 @@ SLOTKEEPER = {
     "HEALTH_HISTORY_S": float(os.environ.get("SLOTKEEPER_HEALTH_HISTORY_S", "3600")),
     # At most one history sample per node this often: the latest report is always on the node row, and a chart
     # of the last hour needs no more (at 10,000 nodes every 5 s, one row per heartbeat was 7.2 million an hour).
-    "HEALTH_SAMPLE_EVERY_S": float(os.environ.get("SLOTKEEPER_HEALTH_SAMPLE_EVERY_S", "15")),
+    "HEALTH_SAMPLE_EVERY_S": float(os.environ.get("SLOTKEEPER_HEALTH_SAMPLE_EVERY_S", "30")),
+    # Node tokens each web process remembers (slotkeeper/auth.py node_tokens), and for how long: a heartbeat from a
+    # node seen within the TTL skips the token lookup. Every use is checked against the node row in the same
+    # statement, so the TTL bounds memory, not how long a rotated or fenced token is accepted (never).
+    "NODE_TOKEN_CACHE_SIZE": int(os.environ.get("SLOTKEEPER_NODE_TOKEN_CACHE_SIZE", "20000")),
+    "NODE_TOKEN_CACHE_TTL_S": float(os.environ.get("SLOTKEEPER_NODE_TOKEN_CACHE_TTL_S", "30")),
     # A sweep that finds its previous run older than this was away (the server or beat was down): every node gets
     # a fresh grace from then, instead of being found dead for the sweep's own absence.
     "SWEEP_OUTAGE_GAP_S": float(os.environ.get("SLOTKEEPER_SWEEP_OUTAGE_GAP_S", "15")),

@@ -29,6 +29,16 @@ def _no_embedded_loop(settings):
     settings.EMBEDDED_LOOP = False
 
 
+@pytest.fixture(autouse=True)
+def _fresh_node_tokens():
+    # The process's remembered node tokens (slotkeeper.auth): each test starts without any, as a new process would.
+    from slotkeeper.auth import node_tokens
+
+    node_tokens.clear()
+    yield
+    node_tokens.clear()
+
+
 @pytest.fixture
 def t0():
     return T0

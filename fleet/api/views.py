@@ -8,13 +8,13 @@ from django.utils import timezone
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import PermissionDenied
+from rest_framework.exceptions import AuthenticationFailed, PermissionDenied
 from rest_framework.response import Response
 
 from fleet import actions
 from fleet.api import serializers as s
 from fleet.models import Node, PlacementReport
-from slotkeeper.auth import IsAdmin, IsNodeAgent, IsOperator, IsViewer
+from slotkeeper.auth import IsAdmin, IsNodeAgent, IsOperator, IsViewer, NodeToken, node_tokens
 from slotkeeper.fields import INT64_MAX
 
 
@@ -119,6 +119,14 @@ class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
     def _own_node(self, request, pk) -> Node:
         if isinstance(request.auth, Node) and request.auth.pk == self._pk(pk):
             return request.auth  # read by the token lookup already
+        if isinstance(request.auth, NodeToken) and request.auth.node_id == self._pk(pk):
+            # Remembered from an earlier request: read by id and the digest together, so a token rotated (or a
+            # node deleted) in another process is refused here too.
+            node = Node.objects.filter(pk=request.auth.node_id, token_digest=request.auth.digest).first()
+            if node is None:
+                node_tokens.forget(request.auth.digest)
+                raise AuthenticationFailed("Invalid or revoked token.")
+            return node
         node = actions.get_node(self._pk(pk))
         if request.user.node_id != node.pk:
             raise PermissionDenied(

@@ -128,8 +128,9 @@ def test_health_history_is_bounded_to_the_last_hour(tank, t0):
 def test_history_keeps_one_sample_per_interval_while_the_node_row_keeps_the_latest(tank, t0):
     node = Node.objects.get(pk=tank.pk)  # the fixture's heartbeat at t0 took a sample
     node = node_actions.do_heartbeat(node, report(mem_used_mib=7000), now=t0 + timedelta(seconds=5))
-    node = node_actions.do_heartbeat(node, report(mem_used_mib=8000), now=t0 + timedelta(seconds=16))
-    assert HealthSample.objects.filter(node=node).count() == 2  # t0 and t0+16 s; t0+5 s was within 15 s
+    node = node_actions.do_heartbeat(node, report(mem_used_mib=7500), now=t0 + timedelta(seconds=29))
+    node = node_actions.do_heartbeat(node, report(mem_used_mib=8000), now=t0 + timedelta(seconds=31))
+    assert HealthSample.objects.filter(node=node).count() == 2  # t0 and t0+31 s; the others within 30 s
     assert Node.objects.get(pk=node.pk).obs_mem_used_mib == 8000
 
 

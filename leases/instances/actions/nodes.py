@@ -22,6 +22,7 @@ from leases import actions as lease_actions
 from leases.instances import reads
 from leases.instances.actions import drains, loss, reports
 from slotkeeper import planlock
+from slotkeeper.auth import NodeToken, node_token_of, node_tokens
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,35 @@ def do_heartbeat(node: Node, report: HealthReport, *, now: datetime) -> Node:
     committed = bool(report.instances) or any(reads.claims([node.pk]).get(node.pk, ((), ())))
     with transaction.atomic():
         reports.ingest_reports(node, list(report.instances), now)
-        return fleet_actions.do_heartbeat(node, report, now=now, committed=committed)
+        node = fleet_actions.do_heartbeat(node, report, now=now, committed=committed)
+    # What the next heartbeat's fast path guards on (a node coming back is online now); kept only while cached.
+    node_tokens.update(node_token_of(node))
+    return node
+
+
+def do_heartbeat_known(token: NodeToken, report: HealthReport, *, now: datetime) -> str | None:
+    """The heartbeat of a node whose token this process resolved recently (slotkeeper.auth.node_tokens), without
+    reading the node row: the same work as `do_heartbeat` in one transaction, with fleet's guarded update. When
+    the row changed meanwhile (token rotated, node fenced, deleted, or its status moved) that transaction is rolled
+    back and the heartbeat taken the full way from a fresh read. Returns the node's status for the agent, or None
+    when no node holds this token any more (rotated, or the node deleted): the caller refuses it as unknown."""
+    committed = bool(report.instances) or any(reads.claims([token.node_id]).get(token.node_id, ((), ())))
+    try:
+        with transaction.atomic():
+            # Only the id is used to find the node's instances; the name is for log lines.
+            reports.ingest_reports(Node(pk=token.node_id, name=token.node_name), list(report.instances), now)
+            fresh = fleet_actions.do_heartbeat_known(token, report, now=now, committed=committed)
+        if fresh is not token:
+            node_tokens.update(fresh)
+        return token.status
+    except fleet_actions.Stale:
+        node_tokens.forget(token.digest)
+    node = Node.objects.filter(pk=token.node_id, token_digest=token.digest).first()
+    if node is None:
+        return None
+    node = do_heartbeat(node, report, now=now)  # refuses a fenced node (409)
+    node_tokens.put(node_token_of(node, token.digest))
+    return node.status
 
 
 def do_declare_dead(actor, node_id: int, *, reason: str, now: datetime) -> Node:

@@ -9,6 +9,7 @@ from django.utils import timezone
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.decorators import action
+from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -20,7 +21,7 @@ from leases import reads as lease_reads
 from leases.instances import reads
 from leases.instances.actions import nodes
 from slotkeeper import metrics
-from slotkeeper.auth import IsOperator
+from slotkeeper.auth import IsOperator, NodeToken
 
 
 class NodeViewSet(fleet_views.NodeViewSet):
@@ -53,11 +54,18 @@ class NodeViewSet(fleet_views.NodeViewSet):
     )
     @action(detail=True, methods=["post"])
     def heartbeat(self, request, pk=None):
-        node = self._own_node(request, pk)
-        report = actions.HealthReport(**validated(s.HeartbeatSerializer, request.data))
-        node = nodes.do_heartbeat(node, report, now=timezone.now())
+        if isinstance(request.auth, NodeToken) and request.auth.node_id == self._pk(pk):
+            # A token this process resolved recently: the fast path, checked against the row as it writes.
+            report = actions.HealthReport(**validated(s.HeartbeatSerializer, request.data))
+            status_ = nodes.do_heartbeat_known(request.auth, report, now=timezone.now())
+            if status_ is None:
+                raise AuthenticationFailed("Invalid or revoked token.")
+        else:
+            node = self._own_node(request, pk)
+            report = actions.HealthReport(**validated(s.HeartbeatSerializer, request.data))
+            status_ = nodes.do_heartbeat(node, report, now=timezone.now()).status
         metrics.inc("slotkeeper_heartbeats_total")
-        return Response({"status": node.status, "server_time": timezone.now()})
+        return Response({"status": status_, "server_time": timezone.now()})
 
     @extend_schema(request=None, responses={200: dict})
     @action(detail=True, methods=["get"])
