@@ -165,6 +165,19 @@ class Fenced(DomainError):
     """A heartbeat from a node an operator declared dead: it stays out until an admin re-admits it (409)."""
 
 
+def _health_fields(report: HealthReport, instances: list, now: datetime) -> dict:
+    """The node row's columns a heartbeat writes, whichever path it takes."""
+    return {
+        "last_heartbeat_at": now,
+        "obs_mem_total_mib": report.mem_total_mib,
+        "obs_mem_used_mib": report.mem_used_mib,
+        "obs_disk_free_gib": report.disk_free_gib,
+        "obs_cpu_pct": report.cpu_pct,
+        "obs_load1": report.load1,
+        "reported_instances": instances,
+    }
+
+
 def do_heartbeat(node: Node, report: HealthReport, *, now: datetime, committed: bool = False) -> Node:
     """Stores the latest health on the node row and one history sample; brings an offline or dead node back.
 
@@ -178,15 +191,7 @@ def do_heartbeat(node: Node, report: HealthReport, *, now: datetime, committed: 
     if node.fenced_at is not None:
         refuse_fenced(node, now)
     instances = list(report.instances)
-    fields = {
-        "last_heartbeat_at": now,
-        "obs_mem_total_mib": report.mem_total_mib,
-        "obs_mem_used_mib": report.mem_used_mib,
-        "obs_disk_free_gib": report.disk_free_gib,
-        "obs_cpu_pct": report.cpu_pct,
-        "obs_load1": report.load1,
-        "reported_instances": instances,
-    }
+    fields = _health_fields(report, instances, now)
     # Seed 001: an idle node is the only time its own footprint is measured rather than inferred, so remember it.
     if not instances and not committed:
         fields["idle_baseline_mib"] = nodestate.remembered_baseline(
@@ -238,15 +243,7 @@ def do_heartbeat_known(
     if token.status not in (NodeStatus.ONLINE, NodeStatus.DRAINING):
         raise Stale(token.status)
     instances = list(report.instances)
-    fields: dict = {
-        "last_heartbeat_at": now,
-        "obs_mem_total_mib": report.mem_total_mib,
-        "obs_mem_used_mib": report.mem_used_mib,
-        "obs_disk_free_gib": report.disk_free_gib,
-        "obs_cpu_pct": report.cpu_pct,
-        "obs_load1": report.load1,
-        "reported_instances": instances,
-    }
+    fields: dict = _health_fields(report, instances, now)
     if not instances and not committed:
         # nodestate.remembered_baseline, said in SQL so the row's own value decides (another process may have
         # moved it since this one read it): the reading, unless within BASELINE_STEP_MIB of what is remembered.
