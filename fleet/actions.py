@@ -19,8 +19,8 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Case, F, Q, Value, When
 
-from fleet import capacity, nodestate, placement
-from fleet.models import HealthSample, Node, NodeStatus, PlacementReport, SweepState
+from fleet import nodestate
+from fleet.models import HealthSample, Node, NodeStatus, SweepState
 from slotkeeper import audit, events, metrics, planlock
 from slotkeeper.auth import NodeToken, node_tokens
 from slotkeeper.domain import DomainError, NotFound
@@ -281,32 +281,6 @@ def do_heartbeat_known(
             token = dataclasses.replace(token, last_sample_at=now)
         events.send_on_commit("node-changed", node=token.node_id)
     return token
-
-
-def do_preview_placement(
-    actor, need: capacity.Need, *, states: list[capacity.NodeState], now: datetime
-) -> tuple[capacity.Placement, PlacementReport]:
-    """A dry-run placement over `states` (the caller read them with the claims it knows), kept as a report with
-    every node's verdict, and audited: one transaction, nothing placed."""
-    result = placement.place(now, need, states=states)
-    with transaction.atomic():
-        report = placement.record(
-            now,
-            "preview",
-            need,
-            result,
-            requested_by=audit.actor_label(actor),
-            ids_by_name={n.name: n.id for n in states},
-        )
-        audit.record(
-            at=now,
-            actor=actor,
-            action="placement.preview",
-            target=report,
-            details={"outcome": str(result.outcome)},
-        )
-    metrics.inc("slotkeeper_placements_total", kind="preview", outcome=str(result.outcome))
-    return result, report
 
 
 def refuse_fenced(node: Node, now: datetime) -> None:
