@@ -7,7 +7,7 @@ decision rule lives in capacity.py, so the live service, the preview API and the
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from datetime import datetime
 
 from django.conf import settings
@@ -136,25 +136,9 @@ def report_row(
     )
 
 
-@dataclass(frozen=True, slots=True)
-class _Row:
-    """A placer verdict in the stored report's shape (fleet/reports.py). The placer's own sentence is kept for
-    every node it refused: it names figures (observed, committed, effective use) only the placer has."""
-
-    node: int
-    holds: int
-    code: str | None
-    dim: str
-    need: int
-    free: int
-    allocatable: int
-    rank: int | None
-    chosen: bool
-    blockers: tuple[int, ...] = ()
-    note: str = ""
-
-
 def compact_verdicts(need: capacity.Need, placement: capacity.Placement, ids: Mapping[str, int]) -> dict:
+    """A placer decision in the stored reports' shape. The placer's own sentence is kept for every node it
+    refused: it names figures (observed, committed, effective use) only the placer has."""
     chosen = set(placement.nodes)
     rows = []
     for rank, v in enumerate(placement.verdicts, start=1):
@@ -163,7 +147,7 @@ def compact_verdicts(need: capacity.Need, placement: capacity.Placement, ids: Ma
         free = numbers.get("disk_free_gib", 0) if disk else numbers.get("free_mib", 0)
         limit = numbers.get("limit_disk_gib" if disk else "limit_mem_mib", -1)
         rows.append(
-            _Row(
+            reports.Verdict(
                 node=ids.get(v.node, 0),
                 holds=(v.slots or 0) if v.fit else 0,
                 code=None if v.reason_code is None else str(v.reason_code),

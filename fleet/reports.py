@@ -13,15 +13,21 @@ A row, as the API and the console show it:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
 VERSION = 2
 DIMENSIONS = ("cpu", "mem", "disk")
 _WORDS = {"cpu": "cores", "mem": "memory", "disk": "disk"}
 
 
-class VerdictLike(Protocol):
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """One node's answer, as every decision gives it (the scheduler's `explain`, the placer's reports). `need`,
+    `free` and `allocatable` are in the short dimension's units (cpu: hundredths of a core; mem: MiB; disk: GiB);
+    `note` carries a sentence that cannot be rebuilt from the figures (an exclusion's own words)."""
+
     node: int
     holds: int
     code: str | None
@@ -31,12 +37,12 @@ class VerdictLike(Protocol):
     allocatable: int
     rank: int | None
     chosen: bool
-    blockers: tuple[int, ...]
-    note: str
+    blockers: tuple[int, ...] = ()
+    note: str = ""
 
 
 def encode(
-    verdicts: Sequence[VerdictLike],
+    verdicts: Sequence[Verdict],
     *,
     start: float | None,
     end: float | None,

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from fleet.capacity import ReasonCode
+from fleet.reports import Verdict
 from leases.scheduling.events import EventLoop
 from leases.scheduling.mapper import size_order
 from leases.scheduling.records import LeaseRequest
@@ -28,22 +29,8 @@ _NAMES = {i: name for name, i in DIMENSIONS}
 _R = ReasonCode
 
 
-@dataclass(frozen=True, slots=True)
-class NodeVerdict:
-    """One node's answer. `need`, `free` and `allocatable` are in the short dimension's units (cpu: hundredths of
-    a core; mem: MiB; disk: GiB), or of memory when it holds some; `note` carries an exclusion's own sentence."""
-
-    node: int
-    holds: int
-    code: str | None
-    dim: str
-    need: int
-    free: int
-    allocatable: int
-    rank: int | None
-    chosen: bool
-    blockers: tuple[int, ...] = ()
-    note: str = ""
+# One node's answer: the stored reports' own shape (fleet/reports.py).
+NodeVerdict = Verdict
 
 
 @dataclass(frozen=True)
