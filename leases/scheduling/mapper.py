@@ -161,8 +161,20 @@ class Mapper(PlanBook):
             return 0.5 * crowd + 0.25 + 0.25 * steady
 
         if req.avoid:
-            return sorted(nodes, key=lambda n: (n in req.avoid, -score(n)))
-        return sorted(nodes, key=lambda n: -score(n))
+            nodes = sorted(nodes, key=lambda n: (n in req.avoid, -score(n)))
+        else:
+            nodes = sorted(nodes, key=lambda n: -score(n))
+        if table is self.table and only is None:
+            self._last_order = (req, start, duration, nodes)
+        return nodes
+
+    def _order_used(self, req: LeaseRequest, start: float, duration: float) -> list[int] | None:
+        """The host order the mapper last tried for this very request over this window, if that was the last
+        order it built: a report ranks nodes in the order that was actually used."""
+        got = self._last_order
+        if got is not None and got[0] is req and got[1] == start and got[2] == duration:
+            return got[3]
+        return None
 
     def _summary(self, node: int, t: float) -> tuple[int, float]:
         got = self._views.get(node)
