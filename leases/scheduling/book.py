@@ -89,7 +89,7 @@ class PlanBook:
         self._fit_memo: dict[int, dict[tuple[Res, float], float]] = {}
         self._room = RoomCounts()
         # The last host order the mapper built on the live table: (request, start, duration, nodes).
-        self._last_order: tuple[LeaseRequest, float, float, list[int]] | None = None
+        self._last_order: tuple[LeaseRequest, float, float, Iterable[int]] | None = None
         self._fleet = tuple(self.table.capacity(n) for n in self.table.nodes)  # fixed for a scheduler's life
         self._capacity = dict(zip(self.table.nodes, self._fleet, strict=True))
         self._packs_memo: dict[tuple[Res, ...], bool] = {}
