@@ -12,12 +12,18 @@ A row, as the API and the console show it:
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from itertools import compress
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 VERSION = 2
+IntColumn = Sequence[int] | npt.NDArray[np.int64]
 DIMENSIONS = ("cpu", "mem", "disk")
 _WORDS = {"cpu": "cores", "mem": "memory", "disk": "disk"}
 
@@ -44,16 +50,17 @@ class Verdict:
 @dataclass(frozen=True, slots=True)
 class Columns:
     """Every node's verdict as one list per field, in node order: what the scheduler's vectorised pass builds and
-    what `encode` stores, with no object per node. `dim` indexes DIMENSIONS; `rank` is 0 where none applies."""
+    what `encode` stores, with no object per node. `dim` indexes DIMENSIONS; `rank` is 0 where none applies. The
+    number columns may be numpy arrays (the scheduler's pass hands its arrays over as they are)."""
 
-    node: list[int]
-    holds: list[int]
+    node: IntColumn
+    holds: IntColumn
     code: list[str | None]
-    dim: list[int]
-    need: list[int]
-    free: list[int]
-    allocatable: list[int]
-    rank: list[int]
+    dim: IntColumn
+    need: IntColumn
+    free: IntColumn
+    allocatable: IntColumn
+    rank: IntColumn
     chosen: list[int]  # node ids
     blockers: dict[int, tuple[int, ...]]
     note: list[str]
@@ -76,21 +83,23 @@ class Columns:
 
     def verdicts(self) -> list[Verdict]:
         chosen = set(self.chosen)
+        holds, dim, need, free = _plain(self.holds), _plain(self.dim), _plain(self.need), _plain(self.free)
+        allocatable, rank = _plain(self.allocatable), _plain(self.rank)
         return [
             Verdict(
                 node,
-                self.holds[i],
+                holds[i],
                 self.code[i],
-                DIMENSIONS[self.dim[i]],
-                self.need[i],
-                self.free[i],
-                self.allocatable[i],
-                self.rank[i] or None,
+                DIMENSIONS[dim[i]],
+                need[i],
+                free[i],
+                allocatable[i],
+                rank[i] or None,
                 node in chosen,
                 self.blockers.get(node, ()),
                 self.note[i],
             )
-            for i, node in enumerate(self.node)
+            for i, node in enumerate(_plain(self.node))
         ]
 
 
@@ -104,13 +113,15 @@ def encode(
 ) -> dict[str, Any]:
     """The stored form: columns in node order, codes as indexes into `codes`, the rest sparse."""
     cols = verdicts if isinstance(verdicts, Columns) else Columns.of(verdicts)
-    codes = sorted({c for c in cols.code if c is not None})
+    held = np.asarray(cols.holds) > 0
+    # Codes counted in C, over the nodes that hold none of it (Nomad's "filtered" and "exhausted" counts).
+    tally = Counter(compress(cols.code, (~held).tolist()))
+    fit = int(held.sum())
+    codes = sorted(set(cols.code) - {None})  # every code stored, also one on a node that holds some
     index: dict[str | None, int] = {c: i for i, c in enumerate(codes)}
     index[None] = -1
-    counts: dict[str, int] = {"evaluated": len(cols.node), "fit": sum(1 for h in cols.holds if h)}
-    for code, holds in zip(cols.code, cols.holds, strict=True):
-        if code is not None and not holds:
-            counts[code] = counts.get(code, 0) + 1
+    counts: dict[str, int] = {"evaluated": len(cols.code), "fit": fit}
+    counts.update((c, tally[c]) for c in codes if tally[c])
     blob: dict[str, Any] = {
         "v": VERSION,
         "start": start,
@@ -119,13 +130,13 @@ def encode(
         "counts": counts,
         "node": _steps(cols.node),
         "holds": _runs(cols.holds),
-        "code": _runs([index[c] for c in cols.code]),
+        "code": _runs(list(map(index.__getitem__, cols.code))),
         "codes": codes,
         "dim": _runs(cols.dim),
-        "need": cols.need,
-        "free": cols.free,
-        "alloc": cols.allocatable,
-        "rank": cols.rank,
+        "need": _plain(cols.need),
+        "free": _plain(cols.free),
+        "alloc": _plain(cols.allocatable),
+        "rank": _plain(cols.rank),
         "chosen": cols.chosen,
         "blockers": {str(n): list(b[:5]) for n, b in cols.blockers.items() if b},
     }
@@ -135,11 +146,11 @@ def encode(
         seen = {t: i for i, t in enumerate(texts)}
         seen[""] = -1
         blob["texts"] = texts
-        blob["note"] = _runs([seen[t] for t in cols.note])
+        blob["note"] = _runs(list(map(seen.__getitem__, cols.note)))
     if headroom is not None:
         blob["headroom"] = list(headroom)
     # The same VM on every node: one figure per dimension instead of one per node when they agree.
-    per_dim = set(zip(cols.dim, cols.need, strict=True))
+    per_dim = set(zip(_plain(cols.dim), blob["need"], strict=True))
     if len(per_dim) == len({d for d, _ in per_dim}):
         blob["need"] = {DIMENSIONS[d]: n for d, n in per_dim}
     return blob
@@ -150,26 +161,33 @@ def encode(
 _PACKED = ("node", "holds", "code", "dim", "note")
 
 
-def _runs(values: list[int]) -> list[int] | dict[str, list[int]]:
-    """`values` as {"runs": [value, count, ...]} when that is shorter, else as they are."""
-    runs: list[int] = []
-    for i, v in enumerate(values):
-        if i and v == values[i - 1]:
-            runs[-1] += 1
-        else:
-            runs += (v, 1)
-    return {"runs": runs} if len(runs) < len(values) else values
+def _runs(values: IntColumn) -> list[int] | dict[str, list[int]]:
+    """`values` as {"runs": [value, count, ...]} when that is shorter, else as a list."""
+    a = np.asarray(values)
+    if not len(a):
+        return []
+    starts = np.flatnonzero(np.concatenate(([True], a[1:] != a[:-1])))
+    if 2 * len(starts) >= len(a):
+        return a.tolist()
+    lengths = np.diff(np.append(starts, len(a)))
+    return {"runs": np.column_stack((a[starts], lengths)).ravel().tolist()}
 
 
-def _steps(values: list[int]) -> list[int] | dict[str, list[int]]:
+def _steps(values: IntColumn) -> list[int] | dict[str, list[int]]:
     """Ascending ids as {"steps": [first, count, ...]}, one pair per run of consecutive ids, when shorter."""
-    steps: list[int] = []
-    for i, v in enumerate(values):
-        if i and v == values[i - 1] + 1:
-            steps[-1] += 1
-        else:
-            steps += (v, 1)
-    return {"steps": steps} if len(steps) < len(values) else values
+    a = np.asarray(values)
+    if not len(a):
+        return []
+    offset = a - np.arange(len(a))  # constant along a run of consecutive ids
+    starts = np.flatnonzero(np.concatenate(([True], offset[1:] != offset[:-1])))
+    if 2 * len(starts) >= len(a):
+        return a.tolist()
+    lengths = np.diff(np.append(starts, len(a)))
+    return {"steps": np.column_stack((a[starts], lengths)).ravel().tolist()}
+
+
+def _plain(values: IntColumn) -> list[int]:
+    return values.tolist() if isinstance(values, np.ndarray) else list(values)
 
 
 def _unpacked(stored: Any) -> Any:

@@ -195,14 +195,14 @@ class Explaining(EventLoop):
         ][:5]
         picked = set(own) or set(proposed)
         columns = Columns(
-            node=node_ids,
-            holds=holds.tolist(),
+            node=arr.nodes,
+            holds=holds,
             code=code_list,
-            dim=short.tolist(),
-            need=shown_need.tolist(),
-            free=shown_free.tolist(),
-            allocatable=shown_cap.tolist(),
-            rank=ranks.tolist(),
+            dim=short,
+            need=shown_need,
+            free=shown_free,
+            allocatable=shown_cap,
+            rank=ranks,
             chosen=sorted(n for n in picked if n in pos and holds[pos[n]]),
             blockers=blockers,
             note=notes,
