@@ -117,7 +117,7 @@ def encode(
     # Codes counted in C, over the nodes that hold none of it (Nomad's "filtered" and "exhausted" counts).
     tally = Counter(compress(cols.code, (~held).tolist()))
     fit = int(held.sum())
-    codes = sorted(set(cols.code) - {None})  # every code stored, also one on a node that holds some
+    codes: list[str] = sorted({c for c in cols.code if c is not None})  # also a code on a node holding some
     index: dict[str | None, int] = {c: i for i, c in enumerate(codes)}
     index[None] = -1
     counts: dict[str, int] = {"evaluated": len(cols.code), "fit": fit}
