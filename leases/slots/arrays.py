@@ -68,8 +68,7 @@ class NodeArrays:
     def _offsets(self) -> None:
         self.off: IntArray = np.zeros(len(self.sizes) + 1, dtype=np.int64)
         np.cumsum(self.sizes, out=self.off[1:])
-        self._busy = np.flatnonzero(self.sizes)  # nodes with at least one breakpoint
-        self._starts = self.off[:-1][self._busy]
+        self._owner = np.repeat(np.arange(len(self.sizes)), self.sizes)  # the node of each breakpoint
 
     def peak_over(self, start: float, end: float) -> IntArray:
         """Per node and dimension, the highest usage at any instant of [start, end) (end > start): what
@@ -81,11 +80,14 @@ class NodeArrays:
         return self._per_node((self.times <= t) & (self.nexts > t), np.add)
 
     def _per_node(self, mask: npt.NDArray[np.bool_], op: np.ufunc) -> IntArray:
+        """`op` over the segments in `mask`, per node (zero for a node with none: usage is never negative). Only
+        the masked segments are gathered: a window meets a small part of a busy table."""
         out = np.zeros((len(self.sizes), DIMS), dtype=np.int64)
-        if len(self._busy):
-            # Usage is never negative, so a masked-out segment counts as zero for either reduction.
-            masked = np.where(mask[:, None], self.levels, 0)
-            out[self._busy] = op.reduceat(masked, self._starts, axis=0)
+        picked = np.flatnonzero(mask)
+        if len(picked):
+            owners = self._owner[picked]
+            first = np.flatnonzero(np.concatenate(([True], owners[1:] != owners[:-1])))
+            out[owners[first]] = op.reduceat(self.levels[picked], first, axis=0)
         return out
 
 
