@@ -20,7 +20,7 @@ import numpy.typing as npt
 from fleet.capacity import ReasonCode
 from fleet.reports import Columns, Verdict
 from leases.scheduling.events import EventLoop
-from leases.scheduling.mapper import size_order
+from leases.scheduling.mapper import HostOrder, size_order
 from leases.scheduling.records import LeaseRequest
 from leases.slots.arrays import DIMS, NodeArrays
 from leases.slots.values import vec
@@ -145,12 +145,15 @@ class Explaining(EventLoop):
         codes[capacity_short & (short != DISK) & ~busy_now] = _R.RESERVED.value
 
         # The mapper's order: the nodes it chose first (it fills nodes in its order, so they led it), then the
-        # rest in the order it tried them for this request (or would try them now, when it did not try this
-        # window). Unfit nodes it would not try keep no rank.
+        # rest in the order it tried them for this request. When it placed the lease before reaching the end of
+        # a lazily built order (mapper.HostOrder), only the nodes it handed out and the idle nodes leading the
+        # order are ranked: ranking the others would be the mapper's work done again, for nodes it never tried.
+        # When it did not try this window, the order it would try now.
         tried = self._order_used(req, start, end - start)
         if tried is None:
             tried = self._host_order(table, req, start, end - start, None)
-        order = list(own) + [n for n in tried if n not in own]
+        listed = tried.tried() if isinstance(tried, HostOrder) and own else list(tried)
+        order = list(own) + [n for n in listed if n not in own]
         ranks = np.zeros(size, dtype=np.int64)
         if order:
             ranks[[pos[n] for n in order]] = np.arange(1, len(order) + 1)

@@ -6,6 +6,7 @@ PURE: no Django.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import fields
@@ -225,7 +226,16 @@ class HostOrder:
     def __init__(self, mapper: Mapper, req: LeaseRequest, start: float, duration: float) -> None:
         self._mapper, self._req, self._start, self._duration = mapper, req, start, duration
         self._given: list[int] = []
-        self._source = self._produce()
+        self._lead: set[int] = set()
+        self._leading = self._idle()
+        self._source = itertools.chain(self._leading, self._rest())
+
+    def tried(self) -> list[int]:
+        """The nodes handed out so far, and the rest of the idle ones that lead the order (found without scoring
+        anything): all of the order a report can rank without doing the mapper's work again."""
+        for node in self._leading:
+            self._given.append(node)
+        return list(self._given)
 
     def __iter__(self) -> Iterator[int]:
         i = 0
@@ -238,20 +248,22 @@ class HostOrder:
             yield self._given[i]
             i += 1
 
-    def _produce(self) -> Iterator[int]:
+    def _idle(self) -> Iterator[int]:
         m, req, start, duration = self._mapper, self._req, self._start, self._duration
         arrays = m.table.arrays()
         idle = ~arrays.peak_over(start, start + duration).any(axis=1)
         barred = m._barred_of(req) if req.barred else frozenset()
         smallest = m._smallest_of(req)
-        lead: set[int] = set()
         for node in arrays.nodes[idle].tolist():
             if node in m._excluded or node in barred or not smallest.fits_in(m._capacity[node]):
                 continue
-            lead.add(node)
+            self._lead.add(node)
             yield node
-        for node in m._sorted_hosts(m.table, req, start, duration, None):
-            if node not in lead:
+
+    def _rest(self) -> Iterator[int]:
+        m = self._mapper
+        for node in m._sorted_hosts(m.table, self._req, self._start, self._duration, None):
+            if node not in self._lead:
                 yield node
 
 

@@ -99,3 +99,21 @@ def test_a_random_busy_fleet_replays_identically_with_the_lazy_order(monkeypatch
     eager = run()
     monkeypatch.setattr(mapper, "LAZY_NODES", 0)
     assert run() == eager
+
+
+def test_a_report_ranks_the_nodes_the_mapper_handed_out_and_the_idle_ones_not_those_it_never_reached(
+    monkeypatch,
+):
+    monkeypatch.setattr(mapper, "LAZY_NODES", 0)
+    s = Scheduler({n: Res(100, 1024, 10, 0, 0) for n in range(1, 7)}, SchedulerConfig())
+    s.submit(LeaseRequest(1, "best_effort", 0, None, 600, (Res(50, 512),)), 0)  # node 1 half busy
+    s.submit(LeaseRequest(2, "immediate", 0, None, 300, (Res(50, 512),)), 0)
+    rec = s.leases[2]
+    vm = rec.current_vm()
+    assert sorted(set(vm.nodes.values())) == [2], "the first idle node"
+    verdicts = {
+        v.node: v for v in s.explain(rec.request, vm.start, vm.end, chosen=s.alloc_of(rec, vm)).verdicts
+    }
+    assert [(n, verdicts[n].rank) for n in range(2, 7)] == [(2, 1), (3, 2), (4, 3), (5, 4), (6, 5)]
+    assert verdicts[2].chosen and verdicts[1].holds == 1, "node 1 could hold it too"
+    assert verdicts[1].rank is None, "but the mapper never reached it, so it has no rank"
