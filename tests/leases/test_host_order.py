@@ -117,3 +117,27 @@ def test_a_report_ranks_the_nodes_the_mapper_handed_out_and_the_idle_ones_not_th
     assert [(n, verdicts[n].rank) for n in range(2, 7)] == [(2, 1), (3, 2), (4, 3), (5, 4), (6, 5)]
     assert verdicts[2].chosen and verdicts[1].holds == 1, "node 1 could hold it too"
     assert verdicts[1].rank is None, "but the mapper never reached it, so it has no rank"
+
+
+def test_a_batch_sharing_its_now_on_a_fleet_with_no_idle_node_plans_as_the_full_sort_does(monkeypatch):
+    """Group commit's shape: many submissions at one `now` with no idle node, so every mapping attempt goes past
+    the idle lead into the scored rest, after each placement changed the nodes it touched."""
+
+    def plan(lazy: bool) -> list:
+        monkeypatch.setattr(mapper, "LAZY_NODES", 0 if lazy else 1 << 30)
+        rng = random.Random(4)
+        s = Scheduler({n: Res(800, 8192, 80, 0, 0) for n in range(1, 13)}, SchedulerConfig())
+        for n in range(1, 13):  # every node busy with something, ending at different times
+            s.submit(LeaseRequest(n, "best_effort", 0, None, 600 * n, (Res(100, 1024),)), 0)
+        for i in range(60):
+            vnodes = tuple(rng.choice(VMS) for _ in range(rng.randint(1, 2)))
+            s.submit(LeaseRequest(100 + i, "best_effort", 100, None, 1800, vnodes), 100, defer=True)
+        s.submit(LeaseRequest(999, "best_effort", 100, None, 1800, (VMS[0],)), 100)
+        return sorted(
+            (lid, r.kind, r.start, r.end, sorted(r.nodes.items()))
+            for lid, rec in s.leases.items()
+            for r in rec.reservations
+            if r.status != "cancelled"
+        )
+
+    assert plan(lazy=True) == plan(lazy=False)
