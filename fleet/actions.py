@@ -284,8 +284,9 @@ def do_heartbeat_known(
 
 
 def refuse_fenced(node: Node, now: datetime) -> None:
-    # Remember that it still calls (the node page shows it), outside the refused work's transaction.
-    Node.objects.filter(pk=node.pk).update(last_fenced_heartbeat_at=now)
+    # Remember that it still calls (the node page shows it), outside the refused work's transaction. Not for a
+    # heartbeat sent before the fence and written after it (buffered, fleet/heartbeats.py): that is no call since.
+    Node.objects.filter(pk=node.pk, fenced_at__lte=now).update(last_fenced_heartbeat_at=now)
     metrics.inc("slotkeeper_fenced_heartbeats_total")
     raise Fenced(
         f"node {node.name} was declared dead ({node.fence_reason or node.status_reason}) and is fenced: "

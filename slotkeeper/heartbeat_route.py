@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import json
 import logging
 import re
@@ -80,12 +81,13 @@ class Flusher:
         self._lock = threading.Lock()  # one flush at a time: the periodic one and the last one
         self._task: asyncio.Task | None = None
         self._closed = False
+        self._unsubscribe = lambda: None
 
     def add(self, entry: Pending) -> None:
         self.buffer.add(entry)
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run())
-            shutdown.on_begin(self.close)
+            self._unsubscribe = shutdown.on_begin(self.close)
             atexit.register(self.close)
 
     def flush(self) -> heartbeats.Flushed | None:
@@ -116,9 +118,15 @@ class Flusher:
         """The last flush, on a thread of its own (Daphne calls this on its loop's thread, where Django refuses
         to touch the database), waited for within the shutdown's deadline."""
         self._closed = True
+        self._unsubscribe()
+        atexit.unregister(self.close)
         done = threading.Thread(target=self.flush, name="heartbeat-last-flush")
         done.start()
         done.join(shutdown.EXIT_DEADLINE_S / 2)
+        if self._task is not None and not self._task.done():
+            # It would end at its next wake-up anyway; cancelled, a loop that is closing has nothing pending.
+            with contextlib.suppress(RuntimeError):  # that loop is closed already
+                self._task.get_loop().call_soon_threadsafe(self._task.cancel)
 
 
 class HeartbeatRoute:
