@@ -76,14 +76,14 @@ class HeartbeatBuffer:
             return sum(len(entries) for entries in self._pending.values())
 
 
-def flush_health(entries: list[Pending]) -> list[Pending]:
+def flush_health(entries: list[Pending]) -> tuple[int, list[Pending]]:
     """Writes the latest health of nodes that run nothing (at most one entry a node), as `do_heartbeat_known`
     would one by one, in one transaction: the node rows guarded by the remembered token and status and not fenced,
-    the idle footprint remembered (seed 001), a history sample where one is due. Returns the entries the guard
-    refused (stale) for the caller to take the full way; an entry older than what another process already wrote
-    for its node is dropped."""
+    the idle footprint remembered (seed 001), a history sample where one is due. Returns how many were written,
+    and the entries the guard refused (stale) for the caller to take the full way; an entry older than what
+    another process already wrote for its node is dropped."""
     if not entries:
-        return []
+        return 0, []
     if connection.vendor == "postgresql":
         return _flush_postgresql(entries)
     # SQLite runs one process (embedded), so nothing else writes these rows meanwhile: the per-node action, in
@@ -95,7 +95,7 @@ def flush_health(entries: list[Pending]) -> list[Pending]:
                 actions.do_heartbeat_known(entry.token, entry.report, now=entry.at)
             except actions.Stale:
                 stale.append(entry)
-    return stale
+    return len(entries) - len(stale), stale
 
 
 # The statement below names the table; a renamed model must not make it write elsewhere.
@@ -137,7 +137,7 @@ RETURNING n.id, n.last_sample_at = v.at
 """
 
 
-def _flush_postgresql(entries: list[Pending]) -> list[Pending]:
+def _flush_postgresql(entries: list[Pending]) -> tuple[int, list[Pending]]:
     by_id = {e.token.node_id: e for e in entries}
     params = {
         "ids": list(by_id),
@@ -174,7 +174,7 @@ def _flush_postgresql(entries: list[Pending]) -> list[Pending]:
             events.send_on_commit("node-changed", node=node_id)
     missed = set(by_id) - {node_id for node_id, _ in written}
     if not missed:
-        return []
+        return len(written), []
     # Rare: tell "changed under it" from "a newer heartbeat is stored already" (two processes, one node).
     rows = Node.objects.filter(pk__in=missed).values_list(
         "id", "token_digest", "status", "fenced_at", "last_heartbeat_at"
@@ -188,4 +188,4 @@ def _flush_postgresql(entries: list[Pending]) -> list[Pending]:
         and last is not None
         and last >= by_id[node_id].at
     }
-    return [by_id[node_id] for node_id in sorted(missed - superseded)]
+    return len(written), [by_id[node_id] for node_id in sorted(missed - superseded)]

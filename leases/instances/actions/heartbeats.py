@@ -58,8 +58,8 @@ def flush(batch: dict[int, list[Pending]]) -> Flushed:
         if node_id in running_something or any(e.report.instances for e in entries)
         for e in entries
     ]
-    stale = fleet_heartbeats.flush_health(together)
-    done.set_based, done.stale = len(together) - len(stale), len(stale)
+    done.set_based, stale = fleet_heartbeats.flush_health(together)
+    done.stale = len(stale)
     for entry in one_by_one + stale:
         if _one(entry):
             done.per_node += 1
