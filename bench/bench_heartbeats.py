@@ -551,7 +551,9 @@ def main() -> None:
     )
     parser.add_argument("--http-only", action="store_true", help="skip the database and in-process phases")
     parser.add_argument(
-        "--processes", default=None, help="Daphne processes per server, e.g. '2' or '1,2' (default 1,2; 1 --quick)"
+        "--processes",
+        default=None,
+        help="Daphne processes per server, e.g. '2' or '1,2' (default 1,2; 1 --quick)",
     )
     parser.add_argument("--pool-only", action="store_true", help="skip the no-pool variants")
     parser.add_argument(
