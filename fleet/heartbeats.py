@@ -25,7 +25,7 @@ from fleet import actions, nodestate
 from fleet.actions import HealthReport
 from fleet.models import HealthSample, Node
 from slotkeeper import events
-from slotkeeper.auth import NodeToken
+from slotkeeper.auth import NodeToken, node_tokens
 
 # A node whose instance report changes between flushes keeps each distinct report (an exit then a restart must
 # both be seen); beyond this many, only the latest replaces the last, so one noisy agent cannot grow the buffer.
@@ -95,6 +95,7 @@ def flush_health(entries: list[Pending]) -> tuple[int, list[Pending]]:
                 actions.do_heartbeat_known(entry.token, entry.report, now=entry.at)
             except actions.Stale:
                 stale.append(entry)
+    node_tokens.refresh(e.token for e in entries if e not in stale)
     return len(entries) - len(stale), stale
 
 
@@ -172,6 +173,8 @@ def _flush_postgresql(entries: list[Pending]) -> tuple[int, list[Pending]]:
         )
         for node_id, _ in written:
             events.send_on_commit("node-changed", node=node_id)
+    # The row has just confirmed these tokens (digest, status, not fenced): remembered for another TTL.
+    node_tokens.refresh(by_id[node_id].token for node_id, _ in written)
     missed = set(by_id) - {node_id for node_id, _ in written}
     if not missed:
         return len(written), []

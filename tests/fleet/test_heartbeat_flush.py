@@ -351,3 +351,20 @@ def test_a_daphne_killed_loses_at_most_one_flush_interval(daphne):
         assert due, "no heartbeat was acknowledged early enough to be due"
         assert stored.last_heartbeat_at.isoformat().replace("+00:00", "Z") >= due[-1], stored.name
     print(f"lost {lost} acknowledged heartbeats of {sum(map(len, acked.values()))} to SIGKILL")
+
+
+def test_a_token_the_flush_confirmed_is_remembered_for_another_ttl_and_a_forgotten_one_stays_forgotten(
+    monkeypatch,
+):
+    # A node beating every 5 s into two processes is seen by each every 10 s: with a plain 30 s TTL one heartbeat
+    # in three went the slow way through Django to look its token up again.
+    tank, tank_raw = online("tank")
+    gone, gone_raw = online("gone")
+    entries = {tank.pk: [pending(tank, tank_raw)], gone.pk: [pending(gone, gone_raw)]}
+    node_tokens.forget(hash_token(gone_raw))  # rotated in this process while its heartbeat was buffered
+    now = time.monotonic()
+    monkeypatch.setattr(time, "monotonic", lambda: now + 25)
+    heartbeats.flush(entries)
+    monkeypatch.setattr(time, "monotonic", lambda: now + 50)  # past the first TTL
+    assert node_tokens.get(hash_token(tank_raw)) is not None
+    assert node_tokens.get(hash_token(gone_raw)) is None
