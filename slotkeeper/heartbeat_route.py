@@ -3,7 +3,8 @@
 `POST /api/nodes/{id}/heartbeat` is most of the traffic a fleet sends (10,000 nodes at a 5 s interval are 2,000 a
 second), and Django's request cycle alone costs more than that on two cores (docs/BENCHMARKS.md, "Heartbeats").
 This ASGI route answers the common heartbeat itself: a node token this process resolved recently
-(slotkeeper.auth.node_tokens), for the node in the path, whose remembered status is online or draining (so the
+(slotkeeper.auth.node_tokens; a token it has not seen it looks up itself, as the view's authentication does, on a
+thread), for the node in the path, whose remembered status is online or draining (so the
 heartbeat changes no status), with a body the heartbeat's rules accept (fleet/heartbeat_rules.py, else the
 HeartbeatSerializer itself). It answers 200 with what the view answers, `{"status", "server_time"}`, and leaves
 the report in the process's buffer (fleet/heartbeats.py), which a task on the server's loop flushes every
@@ -11,7 +12,7 @@ HEARTBEAT_FLUSH_S with set-based statements (leases/instances/actions/heartbeats
 
 Everything else goes to Django unchanged, with the body replayed: the first heartbeat of a token, a node coming
 back (its status changes through the compare-and-swap path at once), another node's token, a rotated or unknown
-token, a fenced node, any body the rules refuse (the view answers 400 with its field messages), and every
+token, a fenced node (the look-up does not remember its token), any body the rules refuse (the view answers 400 with its field messages), and every
 heartbeat once shutdown has begun. So the agent's contract (URL, bodies, status codes, the auth header) is the
 view's, and only the answer's timing and the write's moment differ.
 
@@ -45,7 +46,7 @@ from fleet.heartbeats import HeartbeatBuffer, Pending
 from fleet.models import NodeStatus
 from leases.instances.actions import heartbeats
 from slotkeeper import metrics, shutdown
-from slotkeeper.auth import bearer_from, node_tokens
+from slotkeeper.auth import authenticate_token, bearer_from, node_tokens
 from slotkeeper.models import hash_token
 
 log = logging.getLogger(__name__)
@@ -147,6 +148,8 @@ class HeartbeatRoute:
             size += len(chunks[-1])
             more = message.get("more_body", False)
         body = b"".join(chunks)
+        if not more:
+            await self.resolve(scope)
         answer = None if more else self.accept(int(match.group(1)), scope, body)
         if answer is None:
             return await self.app(scope, _replay(body, more, receive), send)
@@ -155,14 +158,22 @@ class HeartbeatRoute:
         await send({"type": "http.response.body", "body": answer})
         return None
 
+    async def resolve(self, scope) -> None:
+        """A node token this process has not seen (a restart, a new node): looked up as the view would
+        (slotkeeper.auth.authenticate_token, which remembers it unless the node is fenced), on a thread, so that
+        a whole fleet's first heartbeats after a deploy do not each cost a trip through Django."""
+        raw = _bearer(scope)
+        if raw is not None and node_tokens.get(hash_token(raw)) is None and not shutdown.begun():
+            await sync_to_async(_look_up, thread_sensitive=False)(raw)
+
     def accept(self, node_id: int, scope, body: bytes) -> bytes | None:
         """The answer to a heartbeat this route may take, with the report buffered; None to leave it to Django.
         Runs on the loop: no database, only the token cache and the rules."""
         if shutdown.begun() or self.flusher._closed:
             return None  # the last flush may have run: write at once
         headers = dict(scope.get("headers") or ())
-        raw = bearer_from(headers.get(b"authorization", b"").decode("latin-1"))
-        if raw is None or not raw.startswith("skn_"):
+        raw = _bearer(scope)
+        if raw is None:
             return None
         token = node_tokens.get(hash_token(raw))
         if token is None or token.node_id != node_id or token.status not in BUFFERED:
@@ -188,6 +199,21 @@ class HeartbeatRoute:
         metrics.inc("slotkeeper_heartbeats_buffered_total")
         stamp = now.isoformat().replace("+00:00", "Z")
         return json.dumps({"status": str(token.status), "server_time": stamp}, separators=(",", ":")).encode()
+
+
+def _bearer(scope) -> str | None:
+    for name, value in scope.get("headers") or ():
+        if name == b"authorization":
+            raw = bearer_from(value.decode("latin-1"))
+            return raw if raw is not None and raw.startswith("skn_") else None
+    return None
+
+
+def _look_up(raw: str) -> None:
+    try:
+        authenticate_token(raw)
+    finally:
+        close_old_connections()  # back to the pool: this thread is the executor's, not a request's
 
 
 def _replay(body: bytes, more: bool, receive):

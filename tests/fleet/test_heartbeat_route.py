@@ -136,6 +136,23 @@ async def test_a_steady_heartbeat_is_answered_at_once_and_written_within_one_flu
     assert stored.last_heartbeat_at.isoformat().replace("+00:00", "Z") == body["server_time"]
 
 
+async def test_an_online_nodes_token_new_to_this_process_is_looked_up_by_the_route_and_buffered(route):
+    # Another process brought it online; this one (just restarted) has never seen its token.
+    node, token = await known(route)
+    node_tokens.clear()
+    status, _, body = await post(route, node.pk, token, healthy(mem_used_mib=7100))
+    assert (status, body["status"]) == (200, "online")
+    assert len(route.flusher.buffer) == 1
+    assert await flushed_within(node.pk, lambda n: n.obs_mem_used_mib == 7100, INTERVAL_S + 0.5)
+
+
+async def test_an_unknown_token_is_the_views_401(route):
+    node, _ = await known(route)
+    status, _, _ = await post(route, node.pk, new_token("skn"), healthy())
+    assert status == 401
+    assert len(route.flusher.buffer) == 0
+
+
 async def test_a_node_with_its_token_known_but_offline_comes_back_at_once_through_the_view(route):
     node, token = await known(route)
     await sync_to_async(Node.objects.filter(pk=node.pk).update)(status=NodeStatus.OFFLINE)
