@@ -31,6 +31,8 @@ from tests.fleet.test_bad_input import HOSTILE_HEARTBEATS
 pytestmark = pytest.mark.django_db(transaction=True)
 
 INTERVAL_S = 0.1
+# What a flush may take on top of its interval on this shared two-core machine (load 5-10 while tests run).
+SLACK_S = 1.5
 
 
 @pytest.fixture(autouse=True)
@@ -131,7 +133,7 @@ async def test_a_steady_heartbeat_is_answered_at_once_and_written_within_one_flu
     assert headers[b"content-type"] == b"application/json"
     assert len(route.flusher.buffer) == 1
     assert (await row(node.pk)).obs_mem_used_mib == 6144  # not written yet: buffered
-    assert await flushed_within(node.pk, lambda n: n.obs_mem_used_mib == 7777, INTERVAL_S + 0.5)
+    assert await flushed_within(node.pk, lambda n: n.obs_mem_used_mib == 7777, INTERVAL_S + SLACK_S)
     stored = await row(node.pk)
     assert stored.last_heartbeat_at.isoformat().replace("+00:00", "Z") == body["server_time"]
 
@@ -143,7 +145,7 @@ async def test_an_online_nodes_token_new_to_this_process_is_looked_up_by_the_rou
     status, _, body = await post(route, node.pk, token, healthy(mem_used_mib=7100))
     assert (status, body["status"]) == (200, "online")
     assert len(route.flusher.buffer) == 1
-    assert await flushed_within(node.pk, lambda n: n.obs_mem_used_mib == 7100, INTERVAL_S + 0.5)
+    assert await flushed_within(node.pk, lambda n: n.obs_mem_used_mib == 7100, INTERVAL_S + SLACK_S)
 
 
 async def test_an_unknown_token_is_the_views_401(route):
@@ -160,7 +162,7 @@ async def test_a_node_with_its_token_known_but_offline_comes_back_at_once_throug
     # This process still remembers it online: the flush finds the status moved and brings it back then.
     status, _, body = await post(route, node.pk, token, healthy())
     assert status == 200
-    assert await flushed_within(node.pk, lambda n: n.status == NodeStatus.ONLINE, INTERVAL_S + 0.5)
+    assert await flushed_within(node.pk, lambda n: n.status == NodeStatus.ONLINE, INTERVAL_S + SLACK_S)
     # Remembered offline (the sweep ran in this process): the view brings it back before it answers.
     await sync_to_async(Node.objects.filter(pk=node.pk).update)(status=NodeStatus.OFFLINE)
     entry = node_tokens.get(hash_token(token))
@@ -237,7 +239,7 @@ async def test_a_drain_made_elsewhere_is_kept_and_the_heartbeat_still_written(ro
         status=NodeStatus.DRAINING, drain_reason="bios"
     )
     assert (await post(route, node.pk, token, healthy(mem_used_mib=8000)))[0] == 200
-    assert await flushed_within(node.pk, lambda n: n.obs_mem_used_mib == 8000, INTERVAL_S + 0.5)
+    assert await flushed_within(node.pk, lambda n: n.obs_mem_used_mib == 8000, INTERVAL_S + SLACK_S)
     assert (await row(node.pk)).status == NodeStatus.DRAINING
 
 
