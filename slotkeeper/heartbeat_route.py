@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import functools
 import json
 import logging
 import re
@@ -84,12 +85,19 @@ class Flusher:
         self._closed = False
         self._unsubscribe = lambda: None
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def add(self, entry: Pending) -> None:
         self.buffer.add(entry)
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
             self._unsubscribe = shutdown.on_begin(self.close)
             atexit.register(self.close)
+        if self._task is None or self._task.done():
+            # Started on the first heartbeat, on the loop that serves it; started again if it ever ended (a loop
+            # of a test that closed), so nothing waits in the buffer for a flush that will not come.
+            self._task = asyncio.get_running_loop().create_task(self._run())
 
     def flush(self) -> heartbeats.Flushed | None:
         """Writes what is buffered now; call it from a thread of its own, never from the loop."""
@@ -169,7 +177,7 @@ class HeartbeatRoute:
     def accept(self, node_id: int, scope, body: bytes) -> bytes | None:
         """The answer to a heartbeat this route may take, with the report buffered; None to leave it to Django.
         Runs on the loop: no database, only the token cache and the rules."""
-        if shutdown.begun() or self.flusher._closed:
+        if shutdown.begun() or self.flusher.closed:
             return None  # the last flush may have run: write at once
         headers = dict(scope.get("headers") or ())
         raw = _bearer(scope)
@@ -180,8 +188,7 @@ class HeartbeatRoute:
             return None
         if not headers.get(b"content-type", b"").startswith(b"application/json"):
             return None  # DRF's parser decides what else it takes (415)
-        host, _ = split_domain_port(headers.get(b"host", b"").decode("latin-1"))
-        if not host or not validate_host(host, settings.ALLOWED_HOSTS):
+        if not _served(headers.get(b"host", b"")):
             return None  # Django answers a host it does not serve with 400
         try:
             data = json.loads(body.decode("utf-8"), parse_constant=_refuse_constant)
@@ -196,9 +203,16 @@ class HeartbeatRoute:
         now = timezone.now()
         self.flusher.add(Pending(token=token, report=HealthReport(**validated), at=now))
         metrics.inc("slotkeeper_heartbeats_total")
-        metrics.inc("slotkeeper_heartbeats_buffered_total")
+        # DRF's rendering of the view's answer, compact, with its "Z" for UTC; the status is one of two words.
         stamp = now.isoformat().replace("+00:00", "Z")
-        return json.dumps({"status": str(token.status), "server_time": stamp}, separators=(",", ":")).encode()
+        return f'{{"status":"{token.status}","server_time":"{stamp}"}}'.encode()
+
+
+@functools.lru_cache(maxsize=64)
+def _served(host_header: bytes) -> bool:
+    """Whether Django would serve this Host (its own check, remembered: a fleet sends one or two values)."""
+    host, _ = split_domain_port(host_header.decode("latin-1"))
+    return bool(host) and validate_host(host, settings.ALLOWED_HOSTS)
 
 
 def _bearer(scope) -> str | None:

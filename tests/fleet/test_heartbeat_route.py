@@ -116,6 +116,13 @@ async def known(route, name="tank"):
     return node, token
 
 
+async def remembered(token, seconds=SLACK_S):
+    deadline = time.monotonic() + seconds
+    while (entry := node_tokens.get(hash_token(token))) is None and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    return entry
+
+
 async def flushed_within(node_id, predicate, seconds):
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -165,7 +172,7 @@ async def test_a_node_with_its_token_known_but_offline_comes_back_at_once_throug
     assert await flushed_within(node.pk, lambda n: n.status == NodeStatus.ONLINE, INTERVAL_S + SLACK_S)
     # Remembered offline (the sweep ran in this process): the view brings it back before it answers.
     await sync_to_async(Node.objects.filter(pk=node.pk).update)(status=NodeStatus.OFFLINE)
-    entry = node_tokens.get(hash_token(token))
+    entry = await remembered(token)  # the flush puts it back after the node row's commit
     node_tokens.update(dataclasses.replace(entry, status=NodeStatus.OFFLINE.value))
     status, _, body = await post(route, node.pk, token, healthy())
     assert (status, body["status"]) == (200, "online")

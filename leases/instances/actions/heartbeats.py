@@ -66,6 +66,7 @@ def flush(batch: dict[int, list[Pending]]) -> Flushed:
         else:
             done.refused += 1
     metrics.inc("slotkeeper_heartbeat_flushes_total")
+    metrics.inc("slotkeeper_heartbeats_buffered_total", sum(map(len, batch.values())))
     metrics.inc("slotkeeper_heartbeats_flushed_total", done.set_based, how="set")
     metrics.inc("slotkeeper_heartbeats_flushed_total", done.per_node, how="node")
     return done
