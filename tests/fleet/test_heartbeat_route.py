@@ -16,6 +16,7 @@ import time
 import pytest
 from asgiref.sync import sync_to_async
 from django.core.asgi import get_asgi_application
+from django.db import connection
 from django.utils import timezone
 
 from fleet import actions
@@ -31,6 +32,21 @@ from tests.fleet.test_bad_input import HOSTILE_HEARTBEATS
 pytestmark = pytest.mark.django_db(transaction=True)
 
 INTERVAL_S = 0.1
+
+
+def in_thread(fn):
+    """`fn` on asgiref's thread for sync code, its connection given back to the pool after each call: one left
+    checked out kept the test database from being dropped."""
+
+    def call(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            connection.close()
+
+    return sync_to_async(call)
+
+
 # What a flush may take on top of its interval on this shared two-core machine (load 5-10 while tests run).
 SLACK_S = 1.5
 
@@ -47,6 +63,7 @@ def route():
     flusher = Flusher(INTERVAL_S)
     yield HeartbeatRoute(get_asgi_application(), flusher)
     flusher.close()
+    flusher.notices.join(3)  # its connection gone before the test database is dropped
 
 
 async def post(app, node_id, token, body, *, content_type=b"application/json", host=b"testserver"):
@@ -104,12 +121,12 @@ def register(name="tank"):
     return node, token
 
 
-row = sync_to_async(lambda pk: Node.objects.get(pk=pk))
+row = in_thread(lambda pk: Node.objects.get(pk=pk))
 
 
 async def known(route, name="tank"):
     """A node whose first heartbeat (through the view: token looked up, brought online) this process remembers."""
-    node, token = await sync_to_async(register)(name)
+    node, token = await in_thread(register)(name)
     status, _, body = await post(route, node.pk, token, healthy())
     assert (status, body["status"]) == (200, "online")
     assert len(route.flusher.buffer) == 0  # the view wrote it
@@ -164,14 +181,14 @@ async def test_an_unknown_token_is_the_views_401(route):
 
 async def test_a_node_with_its_token_known_but_offline_comes_back_at_once_through_the_view(route):
     node, token = await known(route)
-    await sync_to_async(Node.objects.filter(pk=node.pk).update)(status=NodeStatus.OFFLINE)
-    await sync_to_async(node_actions.sweep)(timezone.now())  # nothing else changes
+    await in_thread(Node.objects.filter(pk=node.pk).update)(status=NodeStatus.OFFLINE)
+    await in_thread(node_actions.sweep)(timezone.now())  # nothing else changes
     # This process still remembers it online: the flush finds the status moved and brings it back then.
     status, _, body = await post(route, node.pk, token, healthy())
     assert status == 200
     assert await flushed_within(node.pk, lambda n: n.status == NodeStatus.ONLINE, INTERVAL_S + SLACK_S)
     # Remembered offline (the sweep ran in this process): the view brings it back before it answers.
-    await sync_to_async(Node.objects.filter(pk=node.pk).update)(status=NodeStatus.OFFLINE)
+    await in_thread(Node.objects.filter(pk=node.pk).update)(status=NodeStatus.OFFLINE)
     entry = await remembered(token)  # the flush puts it back after the node row's commit
     node_tokens.update(dataclasses.replace(entry, status=NodeStatus.OFFLINE.value))
     status, _, body = await post(route, node.pk, token, healthy())
@@ -190,7 +207,7 @@ async def test_a_hostile_heartbeat_is_the_views_400_and_nothing_is_written(route
     await asyncio.sleep(INTERVAL_S * 2)
     after = await row(node.pk)
     assert (after.last_heartbeat_at, after.obs_mem_used_mib) == (before.last_heartbeat_at, 6144)
-    assert await sync_to_async(HealthSample.objects.filter(node_id=node.pk).count)() == 1
+    assert await in_thread(HealthSample.objects.filter(node_id=node.pk).count)() == 1
 
 
 async def test_another_nodes_token_is_a_403_and_a_rotated_one_a_401(route):
@@ -198,7 +215,7 @@ async def test_another_nodes_token_is_a_403_and_a_rotated_one_a_401(route):
     morpheus, _ = await known(route, "morpheus")
     status, _, body = await post(route, morpheus.pk, tank_token, healthy())
     assert status == 403 and "tank" in body["detail"]
-    await sync_to_async(actions.do_rotate_token)(None, tank.pk, now=timezone.now())
+    await in_thread(actions.do_rotate_token)(None, tank.pk, now=timezone.now())
     status, _, _ = await post(route, tank.pk, tank_token, healthy())
     assert status == 401
     assert len(route.flusher.buffer) == 0
@@ -206,9 +223,7 @@ async def test_another_nodes_token_is_a_403_and_a_rotated_one_a_401(route):
 
 async def test_a_node_declared_dead_here_is_refused_at_once(route):
     node, token = await known(route)
-    await sync_to_async(node_actions.do_declare_dead)(
-        None, node.pk, reason="disk on fire", now=timezone.now()
-    )
+    await in_thread(node_actions.do_declare_dead)(None, node.pk, reason="disk on fire", now=timezone.now())
     status, _, body = await post(route, node.pk, token, healthy())
     assert (status, body["code"]) == (409, "fenced")
 
@@ -218,7 +233,7 @@ async def test_a_node_fenced_by_another_process_is_written_nothing_and_refused_a
     # before; the flush's guard finds the fence, writes nothing, and the next heartbeat is the view's 409.
     node, token = await known(route)
     fenced_at = timezone.now()
-    await sync_to_async(Node.objects.filter(pk=node.pk).update)(
+    await in_thread(Node.objects.filter(pk=node.pk).update)(
         status=NodeStatus.DEAD, fenced_at=fenced_at, fence_reason="gone"
     )
     status, _, _ = await post(route, node.pk, token, healthy(mem_used_mib=9999))
@@ -233,7 +248,7 @@ async def test_a_node_fenced_by_another_process_is_written_nothing_and_refused_a
 
 async def test_a_token_rotated_by_another_process_writes_nothing_and_is_refused_after_the_flush(route):
     node, token = await known(route)
-    await sync_to_async(Node.objects.filter(pk=node.pk).update)(token_digest=hash_token(new_token("skn")))
+    await in_thread(Node.objects.filter(pk=node.pk).update)(token_digest=hash_token(new_token("skn")))
     assert (await post(route, node.pk, token, healthy(mem_used_mib=9999)))[0] == 200
     await asyncio.sleep(INTERVAL_S * 3)
     assert (await row(node.pk)).obs_mem_used_mib == 6144
@@ -242,9 +257,7 @@ async def test_a_token_rotated_by_another_process_writes_nothing_and_is_refused_
 
 async def test_a_drain_made_elsewhere_is_kept_and_the_heartbeat_still_written(route):
     node, token = await known(route)
-    await sync_to_async(Node.objects.filter(pk=node.pk).update)(
-        status=NodeStatus.DRAINING, drain_reason="bios"
-    )
+    await in_thread(Node.objects.filter(pk=node.pk).update)(status=NodeStatus.DRAINING, drain_reason="bios")
     assert (await post(route, node.pk, token, healthy(mem_used_mib=8000)))[0] == 200
     assert await flushed_within(node.pk, lambda n: n.obs_mem_used_mib == 8000, INTERVAL_S + SLACK_S)
     assert (await row(node.pk)).status == NodeStatus.DRAINING
@@ -256,7 +269,7 @@ async def test_what_is_buffered_is_written_when_shutdown_begins_and_later_heartb
     for node, token in nodes:
         assert (await post(route, node.pk, token, healthy(mem_used_mib=5000)))[0] == 200
     assert len(route.flusher.buffer) == 5
-    await sync_to_async(shutdown.begin)(
+    await in_thread(shutdown.begin)(
         "test", exit_deadline_s=None
     )  # Daphne's SIGTERM, as watch_daphne hears it
     for node, _ in nodes:
