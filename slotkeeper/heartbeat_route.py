@@ -40,6 +40,7 @@ from django.db import close_old_connections
 from django.http.request import split_domain_port, validate_host
 from django.utils import timezone
 
+from fleet import token_notices
 from fleet.actions import HealthReport
 from fleet.api.serializers import HeartbeatSerializer
 from fleet.heartbeat_rules import plain_report
@@ -84,6 +85,7 @@ class Flusher:
         self._task: asyncio.Task | None = None
         self._closed = False
         self._unsubscribe = lambda: None
+        self.notices = token_notices.Listener()
 
     @property
     def closed(self) -> bool:
@@ -94,6 +96,7 @@ class Flusher:
         if self._task is None:
             self._unsubscribe = shutdown.on_begin(self.close)
             atexit.register(self.close)
+            self.notices.start()  # other processes' rotations and fences, heard within milliseconds
         if self._task is None or self._task.done():
             # Started on the first heartbeat, on the loop that serves it; started again if it ever ended (a loop
             # of a test that closed), so nothing waits in the buffer for a flush that will not come.
@@ -127,6 +130,7 @@ class Flusher:
         """The last flush, on a thread of its own (Daphne calls this on its loop's thread, where Django refuses
         to touch the database), waited for within the shutdown's deadline."""
         self._closed = True
+        self.notices.stop()
         self._unsubscribe()
         atexit.unregister(self.close)
         done = threading.Thread(target=self.flush, name="heartbeat-last-flush")

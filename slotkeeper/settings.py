@@ -230,7 +230,8 @@ SLOTKEEPER = {
     # Node tokens each web process remembers (slotkeeper/auth.py node_tokens), and for how long: a heartbeat from a
     # node seen within the TTL skips the token lookup. Every use is checked against the node row in the same
     # statement (for a buffered heartbeat, the flush's), so the TTL bounds memory, not how long a rotated or fenced
-    # token is accepted: never in the process that rotated or fenced it, one flush interval in the others.
+    # token is accepted: never in the process that rotated or fenced it; in the others until its NOTIFY arrives
+    # (milliseconds; fleet/token_notices.py), at most one heartbeat flush interval if that notice is missed.
     "NODE_TOKEN_CACHE_SIZE": int(os.environ.get("SLOTKEEPER_NODE_TOKEN_CACHE_SIZE", "20000")),
     "NODE_TOKEN_CACHE_TTL_S": float(os.environ.get("SLOTKEEPER_NODE_TOKEN_CACHE_TTL_S", "30")),
     # The steady heartbeat answered in front of Django and written in batches (slotkeeper/heartbeat_route.py):

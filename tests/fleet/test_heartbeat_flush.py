@@ -368,3 +368,32 @@ def test_a_token_the_flush_confirmed_is_remembered_for_another_ttl_and_a_forgott
     monkeypatch.setattr(time, "monotonic", lambda: now + 50)  # past the first TTL
     assert node_tokens.get(hash_token(tank_raw)) is not None
     assert node_tokens.get(hash_token(gone_raw)) is None
+
+
+def test_a_fence_or_rotation_made_in_another_process_is_refused_by_a_buffering_daphne_at_once(daphne):
+    # The flush interval is 60 s here, so only the notice (fleet/token_notices.py) can tell this Daphne in time:
+    # without it both heartbeats after the change were answered 200 from its remembered tokens.
+    (tank, tank_raw), (morpheus, morpheus_raw) = online("tank"), online("morpheus")
+    _, base = daphne(flush_s=60)
+    with requests.Session() as session:
+        beat(session, base, tank, tank_raw, 2000)  # remembered, and the listener started
+        beat(session, base, morpheus, morpheus_raw, 2000)
+        time.sleep(1.0)  # the listener's connection is up
+        node_actions.do_declare_dead(None, tank.pk, reason="rack power", now=timezone.now())
+        fleet_actions.do_rotate_token(None, morpheus.pk, now=timezone.now())
+        time.sleep(0.2)
+        body = {
+            "mem_total_mib": 61440,
+            "mem_used_mib": 1,
+            "disk_free_gib": 300.0,
+            "cpu_pct": 9.0,
+            "load1": 1.5,
+        }
+        for node, raw, expected in ((tank, tank_raw, 409), (morpheus, morpheus_raw, 401)):
+            response = session.post(
+                f"{base}/api/nodes/{node.pk}/heartbeat",
+                data=json.dumps(body),
+                headers={"Authorization": f"Bearer {raw}", "Content-Type": "application/json"},
+                timeout=10,
+            )
+            assert response.status_code == expected, (node.name, response.text)
