@@ -451,7 +451,8 @@ class HttpResult:
     beats: Run
     cpu_ms: float  # Daphne CPU (user + system) per accepted heartbeat
     peak_connections: int
-    stored: tuple[int, int] = (0, 0)  # nodes whose row holds a heartbeat of this phase, of the nodes sent one
+    stored: tuple[int, int] = (0, 0)
+    client_cpu_ms: float = 0.0  # this benchmark's own CPU per accepted heartbeat (the HTTP client)  # nodes whose row holds a heartbeat of this phase, of the nodes sent one
 
 
 @dataclass(frozen=True)
@@ -492,15 +493,21 @@ def over_http(
         requests = [heartbeat_request(node_id, token) for node_id, token in nodes]
         procs = [psutil.Process(p.pid) for p, _ in started]
         cpu0 = sum(sum(p.cpu_times()[:2]) for p in procs)
-        phase_start = time.time()
+        phase_start, client0 = time.time(), time.process_time()
         with ConnectionPeak(database_url) as peak:
             beats = asyncio.run(http_load(ports, requests, connections, seconds))
         cpu = sum(sum(p.cpu_times()[:2]) for p in procs) - cpu0
+        client = time.process_time() - client0
     finally:
         for proc, _ in started:
             stop(proc)  # SIGTERM: a buffering server flushes what it holds before it exits
     return HttpResult(
-        floor, beats, 1000 * cpu / max(1, beats.accepted), peak.peak, stored_since(database_url, phase_start)
+        floor,
+        beats,
+        1000 * cpu / max(1, beats.accepted),
+        peak.peak,
+        stored_since(database_url, phase_start),
+        1000 * client / max(1, beats.accepted),
     )
 
 
@@ -612,7 +619,7 @@ def main() -> None:
         share = f" ({http.beats.per_s / http.floor.per_s:.2f} of /healthz)" if http.floor else ""
         print(line(f"api over http {server.label}", http.beats, TARGET_PER_S) + share)
         print(
-            f"  {'':<34}Daphne CPU {http.cpu_ms:.2f} ms per heartbeat, "
+            f"  {'':<34}Daphne CPU {http.cpu_ms:.2f} ms per heartbeat (client {http.client_cpu_ms:.2f}), "
             f"peak {http.peak_connections} database connections, "
             f"stored {http.stored[0]:,} of {http.stored[1]:,} nodes, load {os.getloadavg()[0]:.1f}"
         )
