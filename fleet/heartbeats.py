@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -76,23 +77,25 @@ class HeartbeatBuffer:
             return sum(len(entries) for entries in self._pending.values())
 
 
-def flush_health(entries: list[Pending]) -> tuple[int, list[Pending]]:
-    """Writes the latest health of nodes that run nothing (at most one entry a node), as `do_heartbeat_known`
-    would one by one, in one transaction: the node rows guarded by the remembered token and status and not fenced,
-    the idle footprint remembered (seed 001), a history sample where one is due. Returns how many were written,
+def flush_health(entries: list[Pending], busy: Collection[int] = ()) -> tuple[int, list[Pending]]:
+    """Writes the latest health of nodes (at most one entry a node) whose report changes nothing but the node
+    row, as `do_heartbeat_known` would one by one, in one transaction: the node rows guarded by the remembered token and status and not fenced,
+    the idle footprint remembered (seed 001) unless the node is `busy` (work placed on it), a history sample
+    where one is due. Returns how many were written,
     and the entries the guard refused (stale) for the caller to take the full way; an entry older than what
     another process already wrote for its node is dropped."""
     if not entries:
         return 0, []
     if connection.vendor == "postgresql":
-        return _flush_postgresql(entries)
+        return _flush_postgresql(entries, set(busy))
     # SQLite runs one process (embedded), so nothing else writes these rows meanwhile: the per-node action, in
     # one transaction, is the same write.
     stale = []
     with transaction.atomic():
         for entry in entries:
             try:
-                actions.do_heartbeat_known(entry.token, entry.report, now=entry.at)
+                committed = entry.token.node_id in busy
+                actions.do_heartbeat_known(entry.token, entry.report, now=entry.at, committed=committed)
             except actions.Stale:
                 stale.append(entry)
     node_tokens.refresh(e.token for e in entries if e not in stale)
@@ -120,17 +123,18 @@ UPDATE fleet_node AS n SET
     obs_load1 = v.load1,
     reported_instances = v.instances::jsonb,
     idle_baseline_mib = CASE
-        WHEN n.idle_baseline_mib IS NULL
+        WHEN v.idle AND (n.idle_baseline_mib IS NULL
             OR n.idle_baseline_mib <= v.mem_used - %(step)s
-            OR n.idle_baseline_mib >= v.mem_used + %(step)s
+            OR n.idle_baseline_mib >= v.mem_used + %(step)s)
         THEN v.mem_used ELSE n.idle_baseline_mib END,
     last_sample_at = CASE
         WHEN n.last_sample_at IS NULL OR n.last_sample_at <= v.at - make_interval(secs => %(every)s)
         THEN v.at ELSE n.last_sample_at END
 FROM unnest(
     %(ids)s::bigint[], %(digests)s::text[], %(statuses)s::text[], %(ats)s::timestamptz[], %(totals)s::int[],
-    %(useds)s::int[], %(disks)s::float8[], %(cpus)s::float8[], %(loads)s::float8[], %(instances)s::text[]
-) AS v(id, digest, status, at, mem_total, mem_used, disk, cpu, load1, instances), locked
+    %(useds)s::int[], %(disks)s::float8[], %(cpus)s::float8[], %(loads)s::float8[], %(instances)s::text[],
+    %(idles)s::bool[]
+) AS v(id, digest, status, at, mem_total, mem_used, disk, cpu, load1, instances, idle), locked
 WHERE n.id = v.id AND locked.id = v.id
     AND n.token_digest = v.digest AND n.status = v.status AND n.fenced_at IS NULL
     AND (n.last_heartbeat_at IS NULL OR n.last_heartbeat_at < v.at)
@@ -138,7 +142,7 @@ RETURNING n.id, n.last_sample_at = v.at
 """
 
 
-def _flush_postgresql(entries: list[Pending]) -> tuple[int, list[Pending]]:
+def _flush_postgresql(entries: list[Pending], busy: set[int]) -> tuple[int, list[Pending]]:
     by_id = {e.token.node_id: e for e in entries}
     params = {
         "ids": list(by_id),
@@ -151,6 +155,7 @@ def _flush_postgresql(entries: list[Pending]) -> tuple[int, list[Pending]]:
         "cpus": [e.report.cpu_pct for e in by_id.values()],
         "loads": [e.report.load1 for e in by_id.values()],
         "instances": [json.dumps(list(e.report.instances)) for e in by_id.values()],
+        "idles": [node_id not in busy for node_id in by_id],
         "step": nodestate.BASELINE_STEP_MIB,
         "every": float(settings.SLOTKEEPER["HEALTH_SAMPLE_EVERY_S"]),
     }

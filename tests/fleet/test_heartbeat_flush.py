@@ -397,3 +397,35 @@ def test_a_fence_or_rotation_made_in_another_process_is_refused_by_a_buffering_d
                 timeout=10,
             )
             assert response.status_code == expected, (node.name, response.text)
+
+
+def test_a_node_running_what_it_should_with_nothing_new_is_written_set_based_and_a_change_goes_the_full_way():
+    # tank runs three instances, confirmed running by an earlier heartbeat. Reporting them running again changes
+    # no instance row, so the node goes with the idle fleet's statement (its footprint not remembered: it is
+    # busy); a report missing one of them must reach the ingest, which makes that one unhealthy.
+    node, raw = online("tank", mem=65536)
+    spec = lease_actions.LeaseSpec(
+        name="steady",
+        type="immediate",
+        duration_s=3600,
+        vnodes=[{"cpu_cores": 1, "mem_mib": 256, "disk_gib": 0}] * 3,
+    )
+    lease = lease_actions.do_submit_lease(None, spec, now=timezone.now()).lease
+    iids = sorted(Instance.objects.filter(lease=lease).values_list("iid", flat=True))
+    running = tuple({"id": iid, "status": "running"} for iid in iids)
+    heartbeats.flush({node.pk: [pending(node, raw, HealthReport(65536, 9000, 90.0, 50.0, 2.0, running))]})
+    assert set(Instance.objects.filter(lease=lease).values_list("state", flat=True)) == {"running"}
+    baseline = Node.objects.get(pk=node.pk).idle_baseline_mib
+    rows = list(Instance.objects.filter(lease=lease).order_by("iid").values())
+    done = heartbeats.flush(
+        {node.pk: [pending(node, raw, HealthReport(65536, 9500, 90.0, 55.0, 2.0, running))]}
+    )
+    assert (done.set_based, done.per_node) == (1, 0)
+    stored = Node.objects.get(pk=node.pk)
+    assert (stored.obs_mem_used_mib, stored.idle_baseline_mib) == (9500, baseline)
+    assert list(Instance.objects.filter(lease=lease).order_by("iid").values()) == rows
+    done = heartbeats.flush(
+        {node.pk: [pending(node, raw, HealthReport(65536, 9500, 90.0, 55.0, 2.0, running[1:]))]}
+    )
+    assert (done.set_based, done.per_node) == (0, 1)
+    assert sorted(Instance.objects.filter(lease=lease).values_list("state", flat=True)) != ["running"] * 3
