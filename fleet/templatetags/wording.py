@@ -1,0 +1,17 @@
+"""Template filters of fleet/wording.py, for every page that prints what the placer or the scheduler said:
+`{% load wording %}` then `code|words`, `message|headline`, `message|brief`, `message|detail_lines`, `text|user_units`."""
+
+from __future__ import annotations
+
+from django import template
+
+from fleet import wording
+
+register = template.Library()
+
+register.filter("words", wording.words)
+register.filter("user_units", wording.user_units)
+register.filter("headline", wording.headline)
+register.filter("brief", wording.brief)
+register.filter("detail_lines", wording.detail_lines)
+register.filter("readable_line", wording.readable_line)
