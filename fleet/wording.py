@@ -13,6 +13,9 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from django.utils.html import escape
+from django.utils.safestring import SafeString, mark_safe
+
 from fleet.views import memory
 
 # A reason code (fleet.capacity.ReasonCode, the checks' codes) or a placement outcome, as an operator says it.
@@ -94,6 +97,64 @@ def readable_line(line: str) -> str:
     if m and m["code"] in WORDS:
         return user_units(f"{m['node']}: not here: {words(m['code'])} ({m['rest']})")
     return user_units(_COUNT.sub(lambda c: f"{c[1]} {words(c[2])}", line.strip()))
+
+
+# A time the placer or the scheduler wrote into a sentence ("runs 2026-11-30 15:40:54 UTC–2026-11-30 16:00:54 UTC").
+_TIME = re.compile(r"\b(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2})(:\d{2})?(?:\+00:00| ?UTC|Z)")
+
+
+def with_times(text: str) -> SafeString:
+    """The text, escaped, with each UTC time in it as a <time> element, so the console's UTC / local switch shows
+    it in the operator's zone like every other time on the page (static/console/console.js, showTimes)."""
+
+    def element(m: re.Match) -> str:
+        iso = f"{m[1]}T{m[2]}{m[3] or ':00'}Z"
+        return f'<time datetime="{iso}">{m[1]} {m[2]}{m[3] or ""} UTC</time>'
+
+    return mark_safe(_TIME.sub(element, str(escape(text))))  # noqa: S308 (escaped first; the pattern adds no markup from the text)
+
+
+def figures(numbers: Mapping | None) -> str:
+    """A verdict's numbers in user units ("needs 6 GiB · 4 GiB free of 10 GiB allocatable"), not as the stored
+    key=value pairs ("dimension=mem need=6144 free=4096 allocatable=10240")."""
+    if not numbers or "dimension" not in numbers:
+        return ""
+    dim = numbers["dimension"]
+
+    def amount(value) -> str:
+        if value is None:
+            return "?"
+        if dim == "cpu":
+            return f"{value:g} core{'' if value == 1 else 's'}"
+        if dim == "disk":
+            return f"{value:,} GiB disk"
+        return mem(int(value))
+
+    out = f"needs {amount(numbers.get('need'))} · {amount(max(numbers.get('free') or 0, 0))} free"
+    if numbers.get("allocatable") is not None:
+        out += f" of {amount(numbers['allocatable'])} allocatable"
+    return out
+
+
+def request_words(request: Mapping | None) -> str:
+    """A stored placement request ({'mem_mib': 2048, 'cpu_cores': 1.0, 'count': 1, ...}) as a person says it:
+    "1 × (1 core, 2 GiB, 5 GiB disk), preferred node gpu-01"."""
+    if not request:
+        return ""
+    size = []
+    if request.get("cpu_cores"):
+        n = request["cpu_cores"]
+        size.append(f"{n:g} core{'' if n == 1 else 's'}")
+    if request.get("mem_mib"):
+        size.append(mem(int(request["mem_mib"])))
+    if request.get("disk_gib"):
+        size.append(f"{request['disk_gib']:,} GiB disk")
+    out = f"{request.get('count', 1)} × ({', '.join(size)})"
+    if request.get("capabilities"):
+        out += f", needs {', '.join(request['capabilities'])}"
+    if request.get("preferred_node"):
+        out += f", preferred node {request['preferred_node']}"
+    return out
 
 
 def tally(counts: Mapping[str, int]) -> str:

@@ -179,3 +179,28 @@ def test_the_list_and_the_instance_page_say_which_applies_and_stay_short(page, c
     message = page.locator("#instance-reschedules [data-headline]").first.inner_text()
     assert message.startswith("still pending: fleet at capacity"), message
     assert "6 GiB" in message and "6144" not in message, "memory in user units"
+
+
+def test_times_inside_a_lease_message_follow_the_operators_zone(browser, console, lost):
+    # The scheduler writes its times into the sentence ("runs 2026-11-30 15:40:54 UTC–… UTC on tank"); the page
+    # marks them up as <time>, so the UTC / local switch reaches them like every other time on the page.
+    lease_id, _ = next(iter(lost.values()))
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, timezone_id="Asia/Tokyo")
+    context.set_default_timeout(10_000)
+    try:
+        page = context.new_page()
+        page.goto(console.url + "/login/")
+        page.fill("input[name=username]", "otto")
+        page.fill("input[name=password]", live.PASSWORD)
+        page.click("button[type=submit]")
+        page.wait_for_url(console.url + "/")
+        page.goto(f"{console.url}/leases/{lease_id}/")
+        times = page.locator("#lease-body .lead [data-headline] time")
+        assert times.count() == 2, page.locator("#lease-body .lead").inner_text()
+        utc = times.first.inner_text()
+        assert utc.endswith("UTC"), utc
+        page.click("#tz-toggle")
+        local = times.first.inner_text()
+        assert local != utc and "UTC" not in local, (utc, local)
+    finally:
+        context.close()

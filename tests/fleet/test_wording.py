@@ -80,3 +80,19 @@ def test_each_verdict_line_says_which_applies():
     [tank], _ = wording.verdict_lines(rows[2:], limit=5)
     assert (tank.verdict, tank.kind) == ("not here: at capacity", "unfit")
     assert "one VM needs 6 GiB" in tank.reason
+
+
+def test_times_in_a_sentence_become_time_elements_and_the_rest_is_escaped():
+    html = wording.with_times(
+        "runs 2026-11-30 15:40:54 UTC–2026-11-30 16:00:54 UTC on <tank>; over 2026-11-30T15:40Z"
+    )
+    assert html.count("<time ") == 3
+    assert '<time datetime="2026-11-30T15:40:54Z">2026-11-30 15:40:54 UTC</time>' in html
+    assert '<time datetime="2026-11-30T15:40:00Z">2026-11-30 15:40 UTC</time>' in html
+    assert "&lt;tank&gt;" in html
+
+
+def test_a_stored_request_reads_as_a_person_says_it():
+    request = {"mem_mib": 2048, "disk_gib": 5, "cpu_cores": 1.0, "capabilities": [], "count": 1,
+               "preferred_node": "gpu-01"}  # fmt: skip
+    assert wording.request_words(request) == "1 × (1 core, 2 GiB, 5 GiB disk), preferred node gpu-01"
