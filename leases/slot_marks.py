@@ -16,9 +16,9 @@ stays focused."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from datetime import datetime
 from html import escape
+from typing import NamedTuple
 
 from django.utils.text import Truncator
 
@@ -26,9 +26,9 @@ from django.utils.text import Truncator
 CHAR_W = 6.2
 
 
-@dataclass(frozen=True)
-class Alloc:
-    """One allocation as window_allocations reads it (a plain tuple, unpacked once)."""
+class Alloc(NamedTuple):
+    """One allocation as window_allocations reads it. A named tuple: a frozen dataclass took 3 us to build (a
+    setattr per field), 1.5 ms of a 500-bar row page."""
 
     id: int
     node_id: int
@@ -140,7 +140,9 @@ def row_backdrop(rows, width: int, label_w: int) -> str:
     out = []
     for row in rows:
         even = " even" if row.index % 2 == 0 else ""
-        out.append(f'<rect class="stripe{even}" x="0" y="{row.y}" width="{width}" height="{row.height}"></rect>')
+        out.append(
+            f'<rect class="stripe{even}" x="0" y="{row.y}" width="{width}" height="{row.height}"></rect>'
+        )
         if row.node.status != "online":
             out.append(
                 f'<rect class="unavailable" x="{label_w}" y="{row.y}" width="{width}" height="{row.height}"></rect>'
