@@ -59,6 +59,12 @@ def mem(mib: int) -> str:
     return f"{mib // 1024} GiB" if mib >= 1024 and mib % 1024 == 0 else memory(mib)
 
 
+def cores_of(hundredths: int | float) -> str:
+    """A reservation's CPU, stored in hundredths of a core (800), as cores: "8 cores", "0.5 cores"."""
+    n = (hundredths or 0) / 100
+    return f"{n:g} core{'' if n == 1 else 's'}"
+
+
 def user_units(text: str) -> str:
     """Memory figures the placer writes in MiB, in the console's units (whole GiB, GiB from 10 GiB up, thousands
     separated), and counts in plain English: "6144 MiB" reads "6 GiB", "59942 MiB" "58.5 GiB", "1 cores" "1 core",

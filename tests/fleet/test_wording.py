@@ -96,3 +96,13 @@ def test_a_stored_request_reads_as_a_person_says_it():
     request = {"mem_mib": 2048, "disk_gib": 5, "cpu_cores": 1.0, "capabilities": [], "count": 1,
                "preferred_node": "gpu-01"}  # fmt: skip
     assert wording.request_words(request) == "1 × (1 core, 2 GiB, 5 GiB disk), preferred node gpu-01"
+
+
+def test_a_reservation_reads_in_cores_and_gib_on_the_node_page():
+    # gpu-01 in the demo listed "32768 MiB" and "800%" (hundredths of a core) for an 8-core, 32 GiB lease.
+    assert (wording.mem(32768), wording.cores_of(800)) == ("32 GiB", "8 cores")
+    assert (wording.mem(1562), wording.cores_of(100), wording.cores_of(50)) == (
+        "1,562 MiB",
+        "1 core",
+        "0.5 cores",
+    )
