@@ -16,7 +16,7 @@ import signal
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -229,16 +229,22 @@ def run_simulated_agents(
     interval: float = 5.0,
     work_root: Path | None = None,
     transport_factory: Callable[[], Transport] = requests.Session,
+    sizes: Mapping[int, SimProfile] | None = None,
 ) -> list[threading.Thread]:
     """Start one sim-driver agent per (node id, token) in daemon threads; they stop when `stop_event` is set.
 
     For `make run`: a demo fleet in the web process. Only the sim driver is enabled, so a `process` assignment
-    is reported as failed instead of running real commands on the console's host.
+    is reported as failed instead of running real commands on the console's host. `sizes`: each node's size as
+    it was registered, which its simulated machine then reports (a machine reporting another size than it
+    declared makes the placer and the scheduler disagree about it); nodes without one take a measured profile.
     """
     root = work_root or Path(tempfile.mkdtemp(prefix="slotkeeper-sim-"))
     threads = []
     for node_id, token in nodes:
-        agent = _simulated_agent(server, node_id, token, root / f"node-{node_id}", transport_factory())
+        profile = (sizes or {}).get(node_id) or SIM_PROFILES[node_id % len(SIM_PROFILES)]
+        agent = _simulated_agent(
+            server, node_id, token, root / f"node-{node_id}", transport_factory(), profile
+        )
         thread = threading.Thread(
             target=_run_staggered,
             args=(agent, stop_event, interval),
@@ -250,9 +256,10 @@ def run_simulated_agents(
     return threads
 
 
-def _simulated_agent(server: str, node_id: int, token: str, work_dir: Path, transport: Transport) -> Agent:
+def _simulated_agent(
+    server: str, node_id: int, token: str, work_dir: Path, transport: Transport, profile: SimProfile
+) -> Agent:
     work_dir.mkdir(parents=True, exist_ok=True)
-    profile = SIM_PROFILES[node_id % len(SIM_PROFILES)]
     health = SimulatedHealth(profile.mem_total_mib, profile.cpu_cores, profile.disk_free_gib, seed=node_id)
     state = StateStore(work_dir)
     state.load()

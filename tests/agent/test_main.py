@@ -8,7 +8,7 @@ import time
 import pytest
 import requests
 
-from fleet.agent.main import JsonLineFormatter, main, run_simulated_agents
+from fleet.agent.main import JsonLineFormatter, SimProfile, main, run_simulated_agents
 
 
 class Answer:
@@ -128,6 +128,31 @@ def test_the_simulated_fleet_heartbeats_every_node_with_its_own_simulated_health
     # node 1 is "architect" (60 GiB), node 2 "morpheus" (31757 MiB): measured sizes, not this host's.
     assert server.heartbeats[1][0]["mem_total_mib"] == 61440
     assert server.heartbeats[2][0]["mem_total_mib"] == 31757
+
+
+def test_a_simulated_node_reports_the_size_it_was_registered_with(tmp_path):
+    """The demo's nodes declare their sizes; a simulated machine of another size (a profile picked by node id)
+    made the placer measure gpu-01 (128 GiB declared) against 31 GiB observed, and call it full."""
+    server = FakeServer()
+    stop = threading.Event()
+    threads = run_simulated_agents(
+        "http://console",
+        [(4, "d"), (5, "e")],
+        stop,
+        interval=0.05,
+        work_root=tmp_path,
+        transport_factory=lambda: server,
+        sizes={4: SimProfile("gpu-01", 131072, 32, 1800.0)},
+    )
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not all(server.heartbeats.get(n) for n in (4, 5)):
+        time.sleep(0.02)
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=2)
+    assert server.heartbeats[4][0]["mem_total_mib"] == 131072
+    assert server.heartbeats[4][0]["mem_used_mib"] < 131072 * 0.2, "an idle machine of that size"
+    assert server.heartbeats[5][0]["mem_total_mib"] == 31757, "a node without a declared size: a profile"
 
 
 @pytest.mark.parametrize("flag", ["--interval", "--log-tail-lines"])

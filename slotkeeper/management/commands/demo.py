@@ -156,6 +156,7 @@ class Command(BaseCommand):
         token_file = DEMO_DIR / "node-tokens.json"
         saved = json.loads(token_file.read_text()) if token_file.exists() else {}
         tokens = []
+        self.sizes = {}
         now = timezone.now()
         for name, cores, mem, disk, caps in DEMO_FLEET:
             node = Node.objects.filter(name=name).first()
@@ -176,6 +177,8 @@ class Command(BaseCommand):
                 token = actions.do_rotate_token(None, node.pk, now=now)
             saved[name] = token
             tokens.append((node.pk, token))
+            # Its simulated machine is the size it declared, with a tenth of the disk in use.
+            self.sizes[node.pk] = (name, mem, cores, disk * 0.9)
         write_private(token_file, json.dumps(saved))
         self.stdout.write(f"Demo fleet: {len(tokens)} nodes.")
         return tokens
@@ -194,13 +197,20 @@ class Command(BaseCommand):
 
     def start_agents(self, server: str, tokens, stop: threading.Event) -> None:
         # Imported here: the agent (psutil, its drivers) is only needed once the demo starts its simulated fleet.
-        from fleet.agent.main import run_simulated_agents
+        from fleet.agent.main import SimProfile, run_simulated_agents
 
         work_root = DEMO_DIR / "agents"
         if self.fresh_fleet and work_root.exists():
             # A new database: the agents' state files speak of instances that no longer exist anywhere.
             shutil.rmtree(work_root)
-        run_simulated_agents(server, tokens, stop, interval=5.0, work_root=work_root)
+        run_simulated_agents(
+            server,
+            tokens,
+            stop,
+            interval=5.0,
+            work_root=work_root,
+            sizes={pk: SimProfile(*size) for pk, size in self.sizes.items()},
+        )
 
 
 def sign_in_reminder(server: str, password: str) -> str:
