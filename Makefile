@@ -5,7 +5,7 @@ VENV    := .venv/.installed
 PYTHON  ?= python3
 PORT    ?= 8000
 
-.PHONY: install run test lint schema bench clean
+.PHONY: install run test lint schema bench clean chromium
 
 $(VENV): pyproject.toml
 	$(PYTHON) -m venv .venv
@@ -18,8 +18,15 @@ install: $(VENV)
 run: $(VENV)
 	$(PY) manage.py demo --port $(PORT)
 
-test: $(VENV)
+test: $(VENV) chromium
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The browser tests drive Debian's Chromium: installed when missing and this user may (root with apt-get);
+# otherwise they are skipped with that reason.
+chromium:
+	@command -v chromium > /dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get > /dev/null 2>&1 \
+	  && (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium > /dev/null) \
+	  || echo "chromium not installed: the browser tests will be skipped (apt-get install chromium)"; }
 
 lint: $(VENV)
 	.venv/bin/ruff check .
