@@ -66,6 +66,8 @@ class SlotTable:
         # The flat columns of every node's line, built on first use (`arrays`), and the nodes written since.
         self._arrays: NodeArrays | None = None
         self._dirty: set[int] = set()
+        # Sets that want to know every node written to from now on (the mapper's kept host rankings).
+        self.watchers: list[set[int]] = []
         for cap in self._caps.values():
             self._total_cap = (
                 self._total_cap[0] + cap[0],
@@ -404,7 +406,7 @@ class SlotTable:
         other._owned, self._owned = set(), set()
         other._index_owned = self._index_owned = False
         other._total_owned = self._total_owned = False
-        other._arrays, other._dirty = None, set()
+        other._arrays, other._dirty, other.watchers = None, set(), []
         return other
 
     def arrays(self) -> NodeArrays:
@@ -433,6 +435,8 @@ class SlotTable:
 
     def _writable_line(self, node: int) -> Line:
         self._dirty.add(node)
+        for watcher in self.watchers:
+            watcher.add(node)
         if node not in self._owned:
             self._lines[node] = self._lines[node].clone()
             self._owned.add(node)

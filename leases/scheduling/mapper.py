@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import fields
 from functools import lru_cache
@@ -23,6 +24,8 @@ EMPTY = Res()  # a node's share before any vnode is mapped to it (compared by id
 _NONE: dict = {}  # read-only: no extra use, no group members (no dict built per mapping attempt)
 # From this many nodes on, the host order is handed out lazily (HostOrder); below it sorting them all is cheap.
 LAZY_NODES = 256
+# Host rankings kept per (start, duration), the least recently used dropped first.
+RANKINGS = 16
 
 
 class Mapper(PlanBook):
@@ -197,6 +200,37 @@ class Mapper(PlanBook):
             return got[3]
         return None
 
+    def _score(self, node: int, start: float, duration: float) -> float:
+        """Haizea's greedy host score on the live table (SEMANTICS §4.1): fewer leases there now, and a longer
+        spell before the node changes, score higher; 1.0 at most."""
+        leases, change = self._summary(node, start)
+        crowd = (4 - min(leases, 4)) / 4
+        steady = 1.0 if change == math.inf or duration <= 0 else min(1.0, (change - start) / duration)
+        return 0.5 * crowd + 0.25 + 0.25 * steady
+
+    def _ranking(self, start: float, duration: float) -> list[tuple[float, int]] | None:
+        """Every node of the live table as (-score, node), sorted, for one start and duration: kept across
+        mapping attempts (a batch of submissions shares its `now`), each node re-scored only after a write to it.
+        None the first time a window is asked for: most windows (the queue's future instants) are asked once,
+        and ranking every node for them would cost more than sorting the few with room."""
+        key = (start, duration)
+        got = self._rankings.get(key)
+        if got is None:
+            if key not in self._asked:
+                self._asked[key] = None
+                if len(self._asked) > 4 * RANKINGS:
+                    self._asked.popitem(last=False)
+                return None
+            if len(self._rankings) >= RANKINGS:
+                _, old = self._rankings.popitem(last=False)
+                # By identity: two rankings' sets of touched nodes can be equal (both empty).
+                self.table.watchers[:] = [w for w in self.table.watchers if w is not old.dirty]
+            got = self._rankings[key] = Ranking(self, start, duration)
+            self.table.watchers.append(got.dirty)
+        else:
+            self._rankings.move_to_end(key)
+        return got.current(self, start, duration)
+
     def _summary(self, node: int, t: float) -> tuple[int, float]:
         got = self._views.get(node)
         if got is None or not got[0] <= t < got[1]:
@@ -207,6 +241,25 @@ class Mapper(PlanBook):
         return got[2], got[3]
 
 
+class Ranking:
+    """Every node of the live table sorted by (-score, node) for one (start, duration), and the nodes written to
+    since (`dirty`, kept up to date by the slot table itself): re-sorting one node is a bisection."""
+
+    def __init__(self, mapper: Mapper, start: float, duration: float) -> None:
+        self.scores = {n: -mapper._score(n, start, duration) for n in mapper.table.nodes}
+        self.keys = sorted((s, n) for n, s in self.scores.items())
+        self.dirty: set[int] = set()
+
+    def current(self, mapper: Mapper, start: float, duration: float) -> list[tuple[float, int]]:
+        for node in self.dirty:
+            old = (self.scores[node], node)
+            del self.keys[bisect_left(self.keys, old)]
+            self.scores[node] = new = -mapper._score(node, start, duration)
+            insort(self.keys, (new, node))
+        self.dirty.clear()
+        return self.keys
+
+
 class HostOrder:
     """`Mapper._sorted_hosts`'s order, produced as it is consumed.
 
@@ -215,7 +268,8 @@ class HostOrder:
     there now caps it at 0.875; an empty node that changes within the window scores 0.75 plus less than 0.25).
     The sort is stable, so these idle nodes lead the order in node order. They are found in one vectorised pass
     over the slot table's columns (leases/slots/arrays.py) and handed out one by one; only if the mapper wants
-    more are the others scored and sorted as before. A burst on a large fleet places most leases on idle nodes,
+    more are the others taken, from a ranking kept across mapping attempts for the same window (`Ranking`: a
+    batch of submissions shares its `now`), re-scoring only the nodes written to since. A burst on a large fleet places most leases on idle nodes,
     and scoring every node for every mapping attempt was four-fifths of the pure cost of a submission
     (docs/BENCHMARKS.md, "Lease burst").
 
@@ -261,9 +315,20 @@ class HostOrder:
             yield node
 
     def _rest(self) -> Iterator[int]:
-        m = self._mapper
-        for node in m._sorted_hosts(m.table, self._req, self._start, self._duration, None):
-            if node not in self._lead:
+        m, req, start, duration = self._mapper, self._req, self._start, self._duration
+        ranking = m._ranking(start, duration)
+        if ranking is None:
+            for node in m._sorted_hosts(m.table, req, start, duration, None):
+                if node not in self._lead:
+                    yield node
+            return
+        # The kept ranking, filtered as _sorted_hosts filters before sorting (usable nodes where the smallest
+        # vnode fits at `start`, from the same kept room counts): the same order without scoring every node.
+        barred = m._barred_of(req) if req.barred else frozenset()
+        smallest = m._smallest_of(req)
+        per = m._room.counts(start, smallest, m._usable_nodes(), m._counter(smallest, start))
+        for _, node in list(ranking):
+            if per.get(node, 0) > 0 and node not in self._lead and node not in barred:
                 yield node
 
 

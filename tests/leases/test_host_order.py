@@ -141,3 +141,18 @@ def test_a_batch_sharing_its_now_on_a_fleet_with_no_idle_node_plans_as_the_full_
         )
 
     assert plan(lazy=True) == plan(lazy=False)
+
+
+def test_a_window_asked_for_twice_keeps_a_ranking_and_the_kept_ones_are_bounded(monkeypatch):
+    monkeypatch.setattr(mapper, "LAZY_NODES", 0)
+    s = Scheduler({n: Res(100, 1024, 10, 0, 0) for n in range(1, 5)}, SchedulerConfig())
+    for n in range(1, 5):  # no idle node: every order goes on to the scored rest
+        s.submit(LeaseRequest(n, "best_effort", 0, None, 600 + n, (Res(50, 512),)), 0)
+    req = LeaseRequest(50, "best_effort", 0, None, 60, (Res(50, 512),))
+    for k in range(mapper.RANKINGS + 5):  # more windows than are kept, each asked for twice
+        for _ in range(2):
+            got = list(HostOrder(s, req, 10.0 + k, 60.0))
+            assert got == s._sorted_hosts(s.table, req, 10.0 + k, 60.0, None)
+    assert len(s._rankings) == mapper.RANKINGS
+    assert len(s.table.watchers) == mapper.RANKINGS, "an evicted ranking stops watching the table"
+    assert all(any(w is r.dirty for w in s.table.watchers) for r in s._rankings.values())
