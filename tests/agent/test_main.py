@@ -107,52 +107,45 @@ def test_a_log_line_is_one_json_object_with_its_fields():
     assert line["event"] == "start-refused" and line["level"] == "warning" and line["instance"] == "7-1-0"
 
 
-def test_the_simulated_fleet_heartbeats_every_node_with_its_own_simulated_health(tmp_path):
+def simulated_heartbeats(tmp_path, nodes, sizes=None) -> dict[int, list[dict]]:
+    """Runs a simulated fleet until every node has sent two heartbeats; returns them per node."""
     server = FakeServer()
     stop = threading.Event()
     threads = run_simulated_agents(
         "http://console",
-        [(1, "a"), (2, "b")],
+        nodes,
         stop,
         interval=0.05,
         work_root=tmp_path,
         transport_factory=lambda: server,
+        sizes=sizes,
     )
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and not all(len(server.heartbeats.get(n, [])) >= 2 for n in (1, 2)):
+    while time.monotonic() < deadline and not all(len(server.heartbeats.get(n, [])) >= 2 for n, _ in nodes):
         time.sleep(0.02)
     stop.set()
     for thread in threads:
         thread.join(timeout=2)
     assert not any(t.is_alive() for t in threads), "the fleet stops with its event"
+    return server.heartbeats
+
+
+def test_the_simulated_fleet_heartbeats_every_node_with_its_own_simulated_health(tmp_path):
+    beats = simulated_heartbeats(tmp_path, [(1, "a"), (2, "b")])
     # node 1 is "architect" (60 GiB), node 2 "morpheus" (31757 MiB): measured sizes, not this host's.
-    assert server.heartbeats[1][0]["mem_total_mib"] == 61440
-    assert server.heartbeats[2][0]["mem_total_mib"] == 31757
+    assert beats[1][0]["mem_total_mib"] == 61440
+    assert beats[2][0]["mem_total_mib"] == 31757
 
 
 def test_a_simulated_node_reports_the_size_it_was_registered_with(tmp_path):
     """The demo's nodes declare their sizes; a simulated machine of another size (a profile picked by node id)
     made the placer measure gpu-01 (128 GiB declared) against 31 GiB observed, and call it full."""
-    server = FakeServer()
-    stop = threading.Event()
-    threads = run_simulated_agents(
-        "http://console",
-        [(4, "d"), (5, "e")],
-        stop,
-        interval=0.05,
-        work_root=tmp_path,
-        transport_factory=lambda: server,
-        sizes={4: SimProfile("gpu-01", 131072, 32, 1800.0)},
+    beats = simulated_heartbeats(
+        tmp_path, [(4, "d"), (5, "e")], {4: SimProfile("gpu-01", 131072, 32, 1800.0)}
     )
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and not all(server.heartbeats.get(n) for n in (4, 5)):
-        time.sleep(0.02)
-    stop.set()
-    for thread in threads:
-        thread.join(timeout=2)
-    assert server.heartbeats[4][0]["mem_total_mib"] == 131072
-    assert server.heartbeats[4][0]["mem_used_mib"] < 131072 * 0.2, "an idle machine of that size"
-    assert server.heartbeats[5][0]["mem_total_mib"] == 31757, "a node without a declared size: a profile"
+    assert beats[4][0]["mem_total_mib"] == 131072
+    assert beats[4][0]["mem_used_mib"] < 131072 * 0.2, "an idle machine of that size"
+    assert beats[5][0]["mem_total_mib"] == 31757, "a node without a declared size: a profile"
 
 
 @pytest.mark.parametrize("flag", ["--interval", "--log-tail-lines"])
