@@ -287,6 +287,7 @@ VARIANTS = {
         Variant(
             "hub", "slotkeeper.settings", "bench_ws_hub", "variant 3: one group member per process (a hub)"
         ),
+        Variant("profile", "slotkeeper.settings", "prof_asgi", "the project under cProfile"),
     )
 }
 
@@ -401,7 +402,12 @@ class Console:
                 if self.pong is not None and not self.pong.done():
                     self.pong.set_result(time.perf_counter())
                 continue
-            events = json.loads(raw).get("events") or []
+            message = json.loads(raw)
+            changed = message.get("changed")
+            if changed is not None:  # grouped by kind (slotkeeper/livewire.py)
+                events = [e for items in changed.values() for e in items]
+            else:  # one list, as before (the old variants, main before issue 13 item 6)
+                events = message.get("events") or []
             if events:
                 self.last = now
                 tally = self.tallies.setdefault(events[0]["seq"] // PHASE, Tally())

@@ -50,7 +50,7 @@ async def test_a_viewer_hears_a_burst_of_changes_as_one_batch():
     communicator, connected, _ = await connect(user)
     assert connected
     hello = await communicator.receive_json_from(timeout=5)
-    assert hello == {"event": "hello", "role": "viewer"}
+    assert hello == {"event": "hello", "role": "viewer", "seq": hub().seq}
     await sync_to_async(events.send_batch)(
         [
             {"event": "node-changed", "node": 1},
@@ -60,7 +60,9 @@ async def test_a_viewer_hears_a_burst_of_changes_as_one_batch():
     )
     batch = await communicator.receive_json_from(timeout=5)
     assert batch["event"] == "batch"
-    assert sorted(e["event"] for e in batch["events"]) == ["node-changed", "slots-changed"]
+    assert batch["seq"] == hello["seq"] + 1
+    # Each kind once, its events without the kind repeated, duplicates gone.
+    assert batch["changed"] == {"node-changed": [{"node": 1}], "slots-changed": [{}]}
     await communicator.disconnect()
 
 
@@ -107,7 +109,7 @@ async def test_two_consoles_of_one_process_get_the_same_batch_from_one_group_mem
         got = []
         while len(got) < 2:
             batch = await console.receive_json_from(timeout=5)
-            got += [e["lease"] for e in batch["events"]]
+            got += [e["lease"] for e in batch["changed"]["lease-changed"]]
         seen.append(sorted(got))
     assert seen == [[1, 2], [1, 2]]
     await first.disconnect()
@@ -128,7 +130,7 @@ async def console_hears_a_batch(user, lease: int, *, disconnect: bool = True) ->
     assert (await console.receive_json_from(timeout=5))["event"] == "hello"
     await sync_to_async(events.send_batch)([{"event": "lease-changed", "lease": lease}])
     batch = await console.receive_json_from(timeout=5)
-    assert batch["events"] == [{"event": "lease-changed", "lease": lease}]
+    assert batch["changed"] == {"lease-changed": [{"lease": lease}]}
     if disconnect:
         await console.disconnect()
 
