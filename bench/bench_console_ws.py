@@ -260,8 +260,8 @@ ConsoleConsumer.dispatch = dispatch
 """,
     "bench_ws_hub.py": HUB_MODULE,
     # The project with a 25 ms coalescing window instead of its own (issue 13 item 6: what the window costs).
-    "bench_ws_window.py": """from slotkeeper import consumers
-from slotkeeper.asgi import application  # noqa: F401
+    "bench_ws_window.py": """from slotkeeper.asgi import application  # noqa: F401 (first: it sets Django up)
+from slotkeeper import consumers
 
 consumers.COALESCE_S = 0.025
 """,
