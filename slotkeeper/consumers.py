@@ -2,10 +2,15 @@
 affected partial over HTTP, so rendering stays in ordinary views.
 
 Fan-out is per process, not per connection: one hub per Daphne process is the only member of the console group.
-It receives each batch once, coalesces what arrives within COALESCE_S, serialises it once and writes the same text
-to every console of the process. With a group member per console, every console received, parsed and handled
-every event itself (with a thread hop per message), and at 1,000 changes/s for 100 consoles Daphne fell 15 s
-behind and the channel layer dropped 39 % of the events as expired (bench/bench_console_ws.py).
+It receives each batch once, coalesces what arrives within COALESCE_S (the first change after a quiet spell goes
+at once), serialises and frames it once, and writes the same bytes to every console of the process
+(slotkeeper/livewire.py). With a group member per console, every console received, parsed and handled every event
+itself (with a thread hop per message), and at 1,000 changes/s for 100 consoles Daphne fell 15 s behind and the
+channel layer dropped 39 % of the events as expired (bench/bench_console_ws.py).
+
+Batches are numbered per hub, and the hello says where a console starts: a console that sees a number skipped
+re-fetches everything. The hub skips one itself when a broadcast never reached it (the channel layer drops them
+silently past `expiry` or `capacity`) or when it could not write to a console that lags.
 """
 
 from __future__ import annotations
@@ -28,7 +33,10 @@ from slotkeeper.roles import role_of
 
 log = logging.getLogger(__name__)
 
-COALESCE_S = 0.05
+# 25 ms: a change that follows another waits at most this long, a quarter of the 100 ms budget (issue 13). At 50 ms
+# the window alone was half of it; with the batch framed once and written straight to the sockets, twice the
+# messages cost Daphne about the same CPU in all (bench/bench_console_ws.py, variant window50).
+COALESCE_S = 0.025
 # Close code for "the live channel is away, try again later": the page falls back to polling and reconnects.
 # 4013, the private-use mirror of the standard 1013: Daphne's websocket library (autobahn) sends only 1000 and
 # 3000-4999 and raises on anything else, so a close with 1013 never left the server and the console stayed open

@@ -28,8 +28,15 @@ LATE_S = 1.0
 
 
 def key(payload: dict[str, Any]) -> tuple:
-    """Identity of an event within a batch: two node-changed for node 3 are one."""
-    return tuple(sorted((k, str(v)) for k, v in payload.items()))
+    """Identity of an event within a batch: two node-changed for node 3 are one. Its own items where they hash
+    (ids, the common case: no str() per value on the hub's path for every event), their text where they do not
+    (slots-changed carries a list of leases)."""
+    try:
+        found = tuple(sorted(payload.items()))
+        hash(found)
+    except TypeError:
+        return tuple(sorted((k, str(v)) for k, v in payload.items()))
+    return found
 
 
 @dataclass
