@@ -132,7 +132,12 @@ class Hub:
         try:
             while True:
                 message = await layer.receive(channel)
-                self.take(message)
+                try:
+                    self.take(message)
+                except Exception:
+                    # One malformed message is dropped (its sender's count shows the consoles a gap); only the
+                    # layer failing below closes every console.
+                    log.warning("console hub dropped a message it could not read", exc_info=True)
         except asyncio.CancelledError:
             raise
         except Exception:

@@ -376,3 +376,36 @@ async def test_a_broadcast_redis_drops_over_capacity_makes_the_consoles_resync(m
     assert any(b - a > 1 for a, b in itertools.pairwise(seqs)), seqs
     await console.disconnect()
     await layer.flush()
+
+
+class LayerWithOneBadMessage(LayerThatGoesAway):
+    """Hands the hub a message it cannot read, then a good one, then waits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.queue: list[dict] = [
+            {"type": "console.event", "events": ["not an event"], "sender": "s", "n": 1},
+            {
+                "type": "console.event",
+                "events": [{"event": "lease-changed", "lease": 7}],
+                "sender": "s",
+                "n": 2,
+            },
+        ]
+
+    async def receive(self, channel: str) -> dict:
+        if self.queue:
+            await asyncio.sleep(0.2)  # after the console's hello
+            return self.queue.pop(0)
+        return await super().receive(channel)
+
+
+async def test_a_message_the_hub_cannot_read_is_dropped_without_closing_the_consoles(monkeypatch):
+    layer = LayerWithOneBadMessage()
+    monkeypatch.setattr(consumers, "get_channel_layer", lambda: layer)
+    console, connected, _ = await connect(await viewer("vera"))
+    assert connected
+    await console.receive_json_from(timeout=5)  # hello
+    batch = await console.receive_json_from(timeout=5)
+    assert batch["changed"] == {"lease-changed": [{"lease": 7}]}
+    await console.disconnect()
