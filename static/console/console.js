@@ -62,6 +62,7 @@
     if (!document.querySelector("[data-live]")) return;
     const scheme = location.protocol === "https:" ? "wss" : "ws";
     socket = new WebSocket(scheme + "://" + location.host + "/ws/console/");
+    lastSeq = null;  // numbers belong to one socket's hub: a new socket starts from its hello
     // Subscribed only when the server says hello: a socket the server accepts and then closes with 4013 (the
     // channel layer is away) must not count as back, or every console would retry twice a second.
     socket.onmessage = function (msg) {
