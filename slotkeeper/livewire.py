@@ -7,8 +7,8 @@ The message a console receives:
 
 `seq` counts the hub's batches (one hub per Daphne process, slotkeeper/consumers.py); a console that sees a number
 other than the last one plus one missed a batch and re-fetches everything. The events of a kind are listed once
-under the kind, without repeating it in each: a node-changed event was 35 bytes of JSON as {"event": "node-changed",
-"node": 3} and is 10 as {"node": 3}, and the browser only looks at the kinds.
+under the kind, without repeating it in each: a node-changed event was 36 bytes of JSON as {"event": "node-changed",
+"node": 3} and is 10 as {"node":3}, and the browser only looks at the kinds.
 """
 
 from __future__ import annotations
