@@ -45,7 +45,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -323,13 +323,17 @@ def daphne_env(database_url: str, conn_max_age: int | None, pool: bool = True) -
 
 
 def start_daphne(
-    database_url: str, log: Path, conn_max_age: int | None, pool: bool = True
+    database_url: str, log: Path, conn_max_age: int | None, pool: bool = True, repo: Path = ROOT
 ) -> tuple[subprocess.Popen, int]:
     port = free_port()
+    env = daphne_env(database_url, conn_max_age, pool)
+    if repo != ROOT:
+        # Another checkout's code (the baseline), so that both are measured by the same client in the same run.
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(repo), env.get("PYTHONPATH", "")) if p)
     proc = subprocess.Popen(
         [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "slotkeeper.asgi:application"],
-        cwd=ROOT,
-        env=daphne_env(database_url, conn_max_age, pool),
+        cwd=repo,
+        env=env,
         stdout=subprocess.DEVNULL,
         stderr=log.open("ab"),
     )
@@ -447,6 +451,8 @@ class HttpResult:
     beats: Run
     cpu_ms: float  # Daphne CPU (user + system) per accepted heartbeat
     peak_connections: int
+    stored: tuple[int, int] = (0, 0)
+    client_cpu_ms: float = 0.0  # this benchmark's own CPU per accepted heartbeat (the HTTP client)  # nodes whose row holds a heartbeat of this phase, of the nodes sent one
 
 
 @dataclass(frozen=True)
@@ -454,11 +460,14 @@ class Server:
     processes: int
     conn_max_age: int | None = None  # None: the project's settings
     pool: bool = True  # False: DB_POOL=0
+    repo: Path = ROOT  # the checkout Daphne runs (--baseline: another one)
+    name: str = ""
 
     @property
     def label(self) -> str:
         return (
-            f"x{self.processes}"
+            (f"{self.name} " if self.name else "")
+            + f"x{self.processes}"
             + ("" if self.conn_max_age is None else f" CONN_MAX_AGE={self.conn_max_age}")
             + ("" if self.pool else " no pool")
         )
@@ -473,7 +482,8 @@ def over_http(
 
     log = Path("/tmp/slotkeeper_bench_daphne.log")
     started = [
-        start_daphne(database_url, log, server.conn_max_age, server.pool) for _ in range(server.processes)
+        start_daphne(database_url, log, server.conn_max_age, server.pool, server.repo)
+        for _ in range(server.processes)
     ]
     ports = [port for _, port in started]
     try:
@@ -483,13 +493,35 @@ def over_http(
         requests = [heartbeat_request(node_id, token) for node_id, token in nodes]
         procs = [psutil.Process(p.pid) for p, _ in started]
         cpu0 = sum(sum(p.cpu_times()[:2]) for p in procs)
+        phase_start, client0 = time.time(), time.process_time()
         with ConnectionPeak(database_url) as peak:
             beats = asyncio.run(http_load(ports, requests, connections, seconds))
         cpu = sum(sum(p.cpu_times()[:2]) for p in procs) - cpu0
+        client = time.process_time() - client0
     finally:
         for proc, _ in started:
-            stop(proc)
-    return HttpResult(floor, beats, 1000 * cpu / max(1, beats.accepted), peak.peak)
+            stop(proc)  # SIGTERM: a buffering server flushes what it holds before it exits
+    return HttpResult(
+        floor,
+        beats,
+        1000 * cpu / max(1, beats.accepted),
+        peak.peak,
+        stored_since(database_url, phase_start),
+        1000 * client / max(1, beats.accepted),
+    )
+
+
+def stored_since(database_url: str, since: float) -> tuple[int, int]:
+    """How many nodes' rows hold a heartbeat from this phase (after the servers stopped), of all nodes: with every
+    node sent several heartbeats, anything short of all of them is a heartbeat answered 200 and never written."""
+    import psycopg
+
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FILTER (WHERE last_heartbeat_at >= to_timestamp(%s)), count(*) FROM fleet_node",
+            (since,),
+        ).fetchone()
+    return (row[0], row[1]) if row else (0, 0)
 
 
 def profile(nodes: list[tuple[int, str]], count: int) -> None:
@@ -524,6 +556,21 @@ def main() -> None:
     parser.add_argument(
         "--database", default=BENCH_DB, help=f"the database to drop and recreate (default {BENCH_DB})"
     )
+    parser.add_argument("--http-only", action="store_true", help="skip the database and in-process phases")
+    parser.add_argument(
+        "--processes",
+        default=None,
+        help="Daphne processes per server, e.g. '2' or '1,2' (default 1,2; 1 --quick)",
+    )
+    parser.add_argument("--pool-only", action="store_true", help="skip the no-pool variants")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="another checkout (e.g. a clean export of main): each server is run from it and from this one, "
+        "alternating, --rounds times",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="with --baseline: rounds of the pair")
     args = parser.parse_args()
     n = args.nodes or (1000 if args.quick else 10_000)
     seconds = args.seconds or (4.0 if args.quick else 15.0)
@@ -541,27 +588,40 @@ def main() -> None:
         profile(nodes, 2000)
         return
     print(f"  {'phase':<34}{'accepted':>11}  {'latency':>12}")
-    print(line("db floor (raw psycopg)", db_floor(url, nodes, args.threads, seconds)))
-    print(line("db batched x100 (per flush)", db_batched(url, nodes, 100, seconds)))
-    print(line("api in-process", api_in_process(nodes, args.threads, seconds), TARGET_PER_S))
-    try:
-        from slotkeeper.auth import node_tokens  # this branch's token cache; absent before it
-    except ImportError:
-        pass
-    else:
-        print(
-            f"  {'':<34}node tokens from the cache: {node_tokens.hits:,} of {node_tokens.hits + node_tokens.misses:,}"
-        )
-    servers = [Server(1), Server(1, pool=False)] + ([] if args.quick else [Server(2), Server(2, pool=False)])
+    if not args.http_only:
+        print(line("db floor (raw psycopg)", db_floor(url, nodes, args.threads, seconds)))
+        print(line("db batched x100 (per flush)", db_batched(url, nodes, 100, seconds)))
+        print(line("api in-process", api_in_process(nodes, args.threads, seconds), TARGET_PER_S))
+        try:
+            from slotkeeper.auth import node_tokens  # this branch's token cache; absent before it
+        except ImportError:
+            pass
+        else:
+            print(
+                f"  {'':<34}node tokens from the cache: {node_tokens.hits:,} of {node_tokens.hits + node_tokens.misses:,}"
+            )
+    counts = [int(x) for x in (args.processes or ("1" if args.quick else "1,2")).split(",")]
+    variants = [True] if args.pool_only else [True, False]
+    servers = [Server(n, pool=pool) for n in counts for pool in variants]
+    if args.baseline is not None:
+        base = args.baseline.resolve()
+        servers = [
+            replace(server, repo=repo, name=name)
+            for _ in range(args.rounds)
+            for server in servers
+            for repo, name in ((base, "baseline"), (ROOT, "this"))
+        ]
     for server in servers:
-        print(f"  ... Daphne {server.label}", file=sys.stderr)
+        print(f"  ... Daphne {server.label} ({server.repo})", file=sys.stderr)
         http = over_http(url, nodes, server, args.connections, seconds)
         if http.floor:
             print(line(f"http floor /healthz {server.label}", http.floor))
-        print(line(f"api over http {server.label}", http.beats, TARGET_PER_S))
+        share = f" ({http.beats.per_s / http.floor.per_s:.2f} of /healthz)" if http.floor else ""
+        print(line(f"api over http {server.label}", http.beats, TARGET_PER_S) + share)
         print(
-            f"  {'':<34}Daphne CPU {http.cpu_ms:.2f} ms per heartbeat, "
-            f"peak {http.peak_connections} database connections"
+            f"  {'':<34}Daphne CPU {http.cpu_ms:.2f} ms per heartbeat (client {http.client_cpu_ms:.2f}), "
+            f"peak {http.peak_connections} database connections, "
+            f"stored {http.stored[0]:,} of {http.stored[1]:,} nodes, load {os.getloadavg()[0]:.1f}"
         )
 
 

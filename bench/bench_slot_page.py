@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import subprocess
 import sys
@@ -30,8 +31,10 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-DB = Path("/tmp/slotkeeper_bench_slot_page.sqlite3")
-BASELINE_TREE = Path("/tmp/slotkeeper_bench_slot_page_baseline")
+# Other sessions on this machine run the same benchmark: SLOT_PAGE_BENCH_DIR keeps this run's files apart.
+_DIR = Path(os.environ.get("SLOT_PAGE_BENCH_DIR", "/tmp"))
+DB = _DIR / "slotkeeper_bench_slot_page.sqlite3"
+BASELINE_TREE = _DIR / "slotkeeper_bench_slot_page_baseline"
 PAGE_TARGET_MS = 300.0
 ROWS_TARGET_MS = 150.0
 PAYLOAD_TARGET_KIB = 500.0
@@ -83,17 +86,20 @@ def measure(client, urls: list[str], repeat: int, htmx: bool) -> dict:
     return {"wall": wall, "cpu": cpu, "kib": size / 1024, "queries": len(captured)}
 
 
-def cases(start: datetime, baseline: bool) -> list[tuple[str, list[str], bool]]:
+def cases(start: datetime, baseline: bool, ref: str = "main") -> list[tuple[str, list[str], bool]]:
     frm = f"from={start.isoformat()}".replace("+", "%2B")
+    rows = [f"/slots/rows/?zoom=24h&{frm}&page={p}" for p in range(1, 20)]
     if baseline:
+        # Row pages exist on main since the slot-table branch (a baseline older than that answers 404 there).
         return [
-            ("main: page", [f"/slots/?zoom=24h&{frm}"], False),
-            ("main: live fragment", [f"/slots/?zoom=24h&{frm}"], True),
+            (f"{ref}: page", [f"/slots/?zoom=24h&{frm}"], False),
+            (f"{ref}: live fragment", [f"/slots/?zoom=24h&{frm}"], True),
+            (f"{ref}: row page (50 rows)", rows, True),
         ]
     return [
         ("page", [f"/slots/?zoom=24h&{frm}"], False),
         ("live fragment, 1 page loaded", [f"/slots/?zoom=24h&{frm}"], True),
-        ("row page (50 rows)", [f"/slots/rows/?zoom=24h&{frm}&page={p}" for p in range(1, 20)], True),
+        ("row page (50 rows)", rows, True),
         ("live fragment, all 20 pages loaded", [f"/slots/?zoom=24h&{frm}&pages=20"], True),
         ("page, 7 d zoom (strips)", [f"/slots/?zoom=7d&{frm}"], False),
     ]
@@ -109,14 +115,15 @@ def child(args) -> None:
     if not Path(leases.__file__).resolve().is_relative_to(Path(args.root).resolve()):
         raise SystemExit(f"measuring {leases.__file__}, not the tree in {args.root}")
     out = {
-        label: measure(client, urls, args.repeat, htmx) for label, urls, htmx in cases(start, args.baseline)
+        label: measure(client, urls, args.repeat, htmx)
+        for label, urls, htmx in cases(start, args.baseline, args.baseline_ref)
     }
     print("RESULT" + json.dumps(out))
 
 
-def run_in(root: Path, start: datetime, repeat: int, baseline: bool) -> dict:
+def run_in(root: Path, start: datetime, repeat: int, baseline: bool, ref: str = "main") -> dict:
     cmd = [sys.executable, __file__, "--child", "--root", str(root), "--start", start.isoformat()]
-    cmd += ["--repeat", str(repeat)] + (["--baseline"] if baseline else [])
+    cmd += ["--repeat", str(repeat), "--baseline-ref", ref] + (["--baseline"] if baseline else [])
     done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"{root}: exit {done.returncode}\n{done.stderr[-3000:]}")
@@ -168,7 +175,8 @@ def main() -> None:
 
     results = {}
     if not args.no_baseline:
-        results.update(run_in(export(args.baseline_ref, Path(args.repo)), start, args.repeat, baseline=True))
+        tree = export(args.baseline_ref, Path(args.repo))
+        results.update(run_in(tree, start, args.repeat, baseline=True, ref=args.baseline_ref))
     results.update(run_in(BENCH.parent, start, args.repeat, baseline=False))
 
     baseline = subprocess.run(["git", "rev-parse", "--short", args.baseline_ref], cwd=args.repo,
@@ -184,6 +192,10 @@ def main() -> None:
             f"{pct(r['cpu'], 95):9.1f}{r['kib']:7.0f}{r['queries']:9d}"
         )
     page, rows = results["page"], results["row page (50 rows)"]
+    load = os.getloadavg()
+    print(
+        f"  load average at the end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} (1, 5, 15 min) on {os.cpu_count()} cores"
+    )
     checks = [
         ("page p95 wall", pct(page["wall"], 95), PAGE_TARGET_MS, "ms"),
         ("row page p95 wall", pct(rows["wall"], 95), ROWS_TARGET_MS, "ms"),

@@ -35,6 +35,7 @@ QUICK = {
     "bench_console_ws": ["--quick", "--variants", "project"],
     "bench_concurrency": ["--quick"],
     "bench_forecast": ["--quick"],
+    "bench_mapper": ["--nodes", "1000", "--leases", "3000", "--rounds", "1"],
 }
 
 

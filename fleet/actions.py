@@ -19,7 +19,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Case, F, Q, Value, When
 
-from fleet import nodestate
+from fleet import nodestate, token_notices
 from fleet.models import HealthSample, Node, NodeStatus, SweepState
 from slotkeeper import audit, events, metrics, planlock
 from slotkeeper.auth import NodeToken, node_tokens
@@ -85,9 +85,12 @@ def do_rotate_token(actor, node_id: int, *, now: datetime) -> str:
 
 def _forget_tokens(node_id: int) -> None:
     """Drops the node's remembered token in this process, now and once the caller's transaction commits (a
-    heartbeat between the two finds the row changed and takes the slow path anyway)."""
+    heartbeat between the two finds the row changed and takes the slow path anyway), and in the other web
+    processes when it commits (fleet/token_notices.py: their buffered heartbeats would otherwise see it at the
+    next flush)."""
     node_tokens.forget_node(node_id)
     transaction.on_commit(lambda: node_tokens.forget_node(node_id))
+    token_notices.announce(node_id)
 
 
 EDITABLE = ("name", "cpu_cores", "mem_total_mib", "disk_total_gib", "capabilities")
@@ -284,8 +287,9 @@ def do_heartbeat_known(
 
 
 def refuse_fenced(node: Node, now: datetime) -> None:
-    # Remember that it still calls (the node page shows it), outside the refused work's transaction.
-    Node.objects.filter(pk=node.pk).update(last_fenced_heartbeat_at=now)
+    # Remember that it still calls (the node page shows it), outside the refused work's transaction. Not for a
+    # heartbeat sent before the fence and written after it (buffered, fleet/heartbeats.py): that is no call since.
+    Node.objects.filter(pk=node.pk, fenced_at__lte=now).update(last_fenced_heartbeat_at=now)
     metrics.inc("slotkeeper_fenced_heartbeats_total")
     raise Fenced(
         f"node {node.name} was declared dead ({node.fence_reason or node.status_reason}) and is fenced: "

@@ -12,12 +12,18 @@ A row, as the API and the console show it:
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from itertools import compress
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 VERSION = 2
+IntColumn = Sequence[int] | npt.NDArray[np.int64]
 DIMENSIONS = ("cpu", "mem", "disk")
 _WORDS = {"cpu": "cores", "mem": "memory", "disk": "disk"}
 
@@ -41,8 +47,64 @@ class Verdict:
     note: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class Columns:
+    """Every node's verdict as one list per field, in node order: what the scheduler's vectorised pass builds and
+    what `encode` stores, with no object per node. `dim` indexes DIMENSIONS; `rank` is 0 where none applies. The
+    number columns may be numpy arrays (the scheduler's pass hands its arrays over as they are)."""
+
+    node: IntColumn
+    holds: IntColumn
+    code: list[str | None]
+    dim: IntColumn
+    need: IntColumn
+    free: IntColumn
+    allocatable: IntColumn
+    rank: IntColumn
+    chosen: list[int]  # node ids
+    blockers: dict[int, tuple[int, ...]]
+    note: list[str]
+
+    @classmethod
+    def of(cls, verdicts: Sequence[Verdict]) -> Columns:
+        return cls(
+            node=[v.node for v in verdicts],
+            holds=[v.holds for v in verdicts],
+            code=[v.code for v in verdicts],
+            dim=[DIMENSIONS.index(v.dim) for v in verdicts],
+            need=[v.need for v in verdicts],
+            free=[v.free for v in verdicts],
+            allocatable=[v.allocatable for v in verdicts],
+            rank=[v.rank or 0 for v in verdicts],
+            chosen=[v.node for v in verdicts if v.chosen],
+            blockers={v.node: v.blockers for v in verdicts if v.blockers},
+            note=[v.note for v in verdicts],
+        )
+
+    def verdicts(self) -> list[Verdict]:
+        chosen = set(self.chosen)
+        holds, dim, need, free = _plain(self.holds), _plain(self.dim), _plain(self.need), _plain(self.free)
+        allocatable, rank = _plain(self.allocatable), _plain(self.rank)
+        return [
+            Verdict(
+                node,
+                holds[i],
+                self.code[i],
+                DIMENSIONS[dim[i]],
+                need[i],
+                free[i],
+                allocatable[i],
+                rank[i] or None,
+                node in chosen,
+                self.blockers.get(node, ()),
+                self.note[i],
+            )
+            for i, node in enumerate(_plain(self.node))
+        ]
+
+
 def encode(
-    verdicts: Sequence[Verdict],
+    verdicts: Columns | Sequence[Verdict],
     *,
     start: float | None,
     end: float | None,
@@ -50,58 +112,92 @@ def encode(
     headroom: Sequence[float | None] | None = None,
 ) -> dict[str, Any]:
     """The stored form: columns in node order, codes as indexes into `codes`, the rest sparse."""
-    codes: list[str] = []
-    index: dict[str, int] = {}
-
-    def code_of(code: str | None) -> int:
-        if code is None:
-            return -1
-        if code not in index:
-            index[code] = len(codes)
-            codes.append(code)
-        return index[code]
-
-    counts: dict[str, int] = {"evaluated": len(verdicts), "fit": 0}
-    for v in verdicts:
-        if v.holds:
-            counts["fit"] += 1
-        elif v.code:
-            counts[v.code] = counts.get(v.code, 0) + 1
+    cols = verdicts if isinstance(verdicts, Columns) else Columns.of(verdicts)
+    held = np.asarray(cols.holds) > 0
+    # Codes counted in C, over the nodes that hold none of it (Nomad's "filtered" and "exhausted" counts).
+    tally = Counter(compress(cols.code, (~held).tolist()))
+    fit = int(held.sum())
+    codes: list[str] = sorted({c for c in cols.code if c is not None})  # also a code on a node holding some
+    index: dict[str | None, int] = {c: i for i, c in enumerate(codes)}
+    index[None] = -1
+    counts: dict[str, int] = {"evaluated": len(cols.code), "fit": fit}
+    counts.update((c, tally[c]) for c in codes if tally[c])
     blob: dict[str, Any] = {
         "v": VERSION,
         "start": start,
         "end": end,
         "summary": summary,
         "counts": counts,
-        "node": [v.node for v in verdicts],
-        "holds": [v.holds for v in verdicts],
-        "code": [code_of(v.code) for v in verdicts],
+        "node": _steps(cols.node),
+        "holds": _runs(cols.holds),
+        "code": _runs(list(map(index.__getitem__, cols.code))),
         "codes": codes,
-        "dim": [DIMENSIONS.index(v.dim) for v in verdicts],
-        "need": [v.need for v in verdicts],
-        "free": [v.free for v in verdicts],
-        "alloc": [v.allocatable for v in verdicts],
-        "rank": [v.rank or 0 for v in verdicts],
-        "chosen": [v.node for v in verdicts if v.chosen],
-        "blockers": {str(v.node): list(v.blockers[:5]) for v in verdicts if v.blockers},
+        "dim": _runs(cols.dim),
+        "need": _plain(cols.need),
+        "free": _plain(cols.free),
+        "alloc": _plain(cols.allocatable),
+        "rank": _plain(cols.rank),
+        "chosen": cols.chosen,
+        "blockers": {str(n): list(b[:5]) for n, b in cols.blockers.items() if b},
     }
     # Exclusion sentences are few and repeated ("lacks accel.gpu" on most of a fleet): each stored once.
-    texts: list[str] = []
-    seen: dict[str, int] = {}
-    for v in verdicts:
-        if v.note and v.note not in seen:
-            seen[v.note] = len(texts)
-            texts.append(v.note)
+    texts = [t for t in dict.fromkeys(cols.note) if t]
     if texts:
+        seen = {t: i for i, t in enumerate(texts)}
+        seen[""] = -1
         blob["texts"] = texts
-        blob["note"] = [seen[v.note] if v.note else -1 for v in verdicts]
+        blob["note"] = _runs(list(map(seen.__getitem__, cols.note)))
     if headroom is not None:
         blob["headroom"] = list(headroom)
     # The same VM on every node: one figure per dimension instead of one per node when they agree.
-    per_dim = {(DIMENSIONS[d], n) for d, n in zip(blob["dim"], blob["need"], strict=True)}
+    per_dim = set(zip(_plain(cols.dim), blob["need"], strict=True))
     if len(per_dim) == len({d for d, _ in per_dim}):
-        blob["need"] = dict(per_dim)
+        blob["need"] = {DIMENSIONS[d]: n for d, n in per_dim}
     return blob
+
+
+# Columns that may be stored packed: runs of one value (most nodes fit, or share a code, a dimension, no note)
+# and steps of consecutive node ids. Packing halves a 1,000-node report's JSON, and so the time to write it.
+_PACKED = ("node", "holds", "code", "dim", "note")
+
+
+def _runs(values: IntColumn) -> list[int] | dict[str, list[int]]:
+    """`values` as {"runs": [value, count, ...]} when that is shorter, else as a list."""
+    a = np.asarray(values)
+    if not len(a):
+        return []
+    starts = np.flatnonzero(np.concatenate(([True], a[1:] != a[:-1])))
+    if 2 * len(starts) >= len(a):
+        return a.tolist()
+    lengths = np.diff(np.append(starts, len(a)))
+    return {"runs": np.column_stack((a[starts], lengths)).ravel().tolist()}
+
+
+def _steps(values: IntColumn) -> list[int] | dict[str, list[int]]:
+    """Ascending ids as {"steps": [first, count, ...]}, one pair per run of consecutive ids, when shorter."""
+    a = np.asarray(values)
+    if not len(a):
+        return []
+    offset = a - np.arange(len(a))  # constant along a run of consecutive ids
+    starts = np.flatnonzero(np.concatenate(([True], offset[1:] != offset[:-1])))
+    if 2 * len(starts) >= len(a):
+        return a.tolist()
+    lengths = np.diff(np.append(starts, len(a)))
+    return {"steps": np.column_stack((a[starts], lengths)).ravel().tolist()}
+
+
+def _plain(values: IntColumn) -> list[int]:
+    return values.tolist() if isinstance(values, np.ndarray) else list(values)
+
+
+def _unpacked(stored: Any) -> Any:
+    if isinstance(stored, dict) and "runs" in stored:
+        r = stored["runs"]
+        return [v for i in range(0, len(r), 2) for v in [r[i]] * r[i + 1]]
+    if isinstance(stored, dict) and "steps" in stored:
+        r = stored["steps"]
+        return [v for i in range(0, len(r), 2) for v in range(r[i], r[i] + r[i + 1])]
+    return stored
 
 
 def is_compact(stored: Any) -> bool:
@@ -110,7 +206,7 @@ def is_compact(stored: Any) -> bool:
 
 def node_ids(stored: Any) -> list[int]:
     if is_compact(stored):
-        return list(stored["node"])
+        return _unpacked(stored["node"])
     return [v["node_id"] for v in stored or () if v.get("node_id") is not None]
 
 
@@ -121,7 +217,7 @@ def decode(
     before reports were compact is returned as it is."""
     if not is_compact(stored):
         return list(stored or ())
-    b = stored
+    b = {k: _unpacked(v) if k in _PACKED else v for k, v in stored.items()}
     start, end = b["start"], b["end"]
     window = (when(start), when(end)) if start is not None and end is not None else (None, None)
     chosen = set(b["chosen"])
@@ -205,13 +301,15 @@ def summary(
     now: bool,
     window: str = "",
     largest: tuple[str, int] | None = None,
+    total: int | None = None,
 ) -> str:
     """ "needs 3 × (1 core, 4 GiB); the fleet holds 2 now: n1 1, n2 1", what would make it fit. `largest`: the node
-    with the most allocatable memory and that figure, named when the VM is larger than any node."""
+    with the most allocatable memory and that figure, named when the VM is larger than any node. `holds` may be
+    only the top few nodes when `total` gives the whole fleet's figure."""
     size = ", ".join(_text(d, vm[d]) for d in DIMENSIONS if vm.get(d))
-    total = sum(holds.values())
+    total = sum(holds.values()) if total is None else total
     when = "now" if now else f"over {window}" if window else "in its window"
-    top = sorted(holds.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
+    top = sorted(holds.items(), key=lambda kv: -kv[1])[:5]  # stable: `holds` comes in the caller's order
     listed = ", ".join(f"{name} {n}" for name, n in top if n)
     line = f"needs {count} × ({size}); the fleet holds {total} {when}" + (f": {listed}" if listed else "")
     if not total and largest is not None and vm.get("mem", 0) > largest[1]:

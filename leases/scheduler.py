@@ -14,6 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import numpy as np
+import numpy.typing as npt
+
 from leases.lifecycle import LeaseState, lease_transition
 from leases.scheduling.explain import Explaining
 from leases.scheduling.forecast import Estimate, forecast
@@ -197,11 +200,18 @@ class Scheduler(Explaining):
         if lease.in_future:
             self._future.add(lid)
 
-    def observe(self, extra: Mapping[int, Res]) -> None:
+    def observe(self, extra: Mapping[int, Res], columns: npt.NDArray[np.int64] | None = None) -> None:
         """The now-gate (docs/capacity.md): per node, what it is observed to use beyond what the plan holds there
         now (host memory above its remembered baseline, disk filled outside the plan). Work starting now must fit
-        that as well; later reservations are planned against allocatable alone."""
-        self._now_extra = {n: r for n, r in extra.items() if r != Res()}
+        that as well; later reservations are planned against allocatable alone. `columns`: the same figures as
+        cpu, memory and disk columns in the slot table's node order, when the caller has them (explain uses
+        them instead of building them again)."""
+        seen = {n: r for n, r in extra.items() if r != Res()}
+        if (
+            seen != self._now_extra
+        ):  # kept as it was when nothing changed, so what is derived from it is kept too
+            self._now_extra = seen
+        self._extra_memo = (self._now_extra, self.table.arrays(), columns) if columns is not None else None
 
     def settle(self, now: float) -> None:
         """After restoring: plan again every displaced lease (see `restore`), then isolate every broken one."""

@@ -16,18 +16,19 @@ stays focused."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from datetime import datetime
+from html import escape
+from typing import NamedTuple
 
-from django.utils.html import escape
+from django.utils.text import Truncator
 
 # Roughly one character of the 10 px bar font in viewBox units: bars narrower than a few characters get no label.
 CHAR_W = 6.2
 
 
-@dataclass(frozen=True)
-class Alloc:
-    """One allocation as window_allocations reads it (a plain tuple, unpacked once)."""
+class Alloc(NamedTuple):
+    """One allocation as window_allocations reads it. A named tuple: a frozen dataclass took 3 us to build (a
+    setattr per field), 1.5 ms of a 500-bar row page."""
 
     id: int
     node_id: int
@@ -63,8 +64,8 @@ def fits(text: str, width: float) -> str:
 
 def when(start: datetime, end: datetime) -> str:
     """A bar's times as a person reads them: the end's date only when it differs from the start's."""
-    end_fmt = "%H:%M" if start.date() == end.date() else "%Y-%m-%d %H:%M"
-    return f"{start:%Y-%m-%d %H:%M} to {end:{end_fmt}} UTC"
+    s, e = start.isoformat(" "), end.isoformat(" ")
+    return f"{s[:16]} to {e[11:16] if s[:10] == e[:10] else e[:16]} UTC"
 
 
 def reservation_bar(
@@ -81,13 +82,18 @@ def reservation_bar(
     """One reservation's bar on one node: coloured by its kind, outlined by its lease type, faded when done, its
     lease id and name inside when they fit, a <title> for hover and an accessible name for everything else."""
     kind_of_lease = a.lease_type.replace("_", " ")
-    title = escape(
-        f"lease {a.lease_id} {a.lease_name} ({kind_of_lease}): {a.kind} "
-        f"{a.start:%Y-%m-%d %H:%M:%S}–{a.end:%H:%M:%S} UTC, {a.mem_mib} MiB, {a.cpu / 100:g} cores, {a.status}"
+    # Times cut from isoformat (the same wall clock as strftime, at a fifth of the cost: five formats a bar were a
+    # quarter of a row page's CPU).
+    s, e = a.start.isoformat(" "), a.end.isoformat(" ")
+    name = escape(a.lease_name)
+    title = (
+        f"lease {a.lease_id} {name} ({kind_of_lease}): {a.kind} "
+        f"{s[:19]}–{e[11:19]} UTC, {a.mem_mib} MiB, {a.cpu / 100:g} cores, {a.status}"
     )
-    label = escape(
-        f"lease {a.lease_id} {a.lease_name}, {kind_of_lease}, {a.kind} on {node_name}, "
-        f"{when(a.start, a.end)}, {a.status}"
+    end = e[11:16] if s[:10] == e[:10] else e[:16]
+    label = (
+        f"lease {a.lease_id} {name}, {kind_of_lease}, {a.kind} on {escape(node_name)}, "
+        f"{s[:16]} to {end} UTC, {a.status}"
     )
     short = fits(f"{a.lease_id} {a.lease_name}", w)
     text = f'<text x="{x + 3:.1f}" y="{y + h - 3:.0f}">{escape(short)}</text>' if short else ""
@@ -126,4 +132,51 @@ def utilisation_strip(
         f'<g class="strip" data-strip data-count="{count}" data-leases="{" ".join(map(str, lease_ids))}">'
         f'<title>{summary}</title><rect x="{x:.1f}" y="{y:.0f}" width="{w:.1f}" height="{h:.0f}" '
         f'fill-opacity="{0.3 + 0.7 * fill:.2f}"></rect></g></a></g>'
+    )
+
+
+def row_backdrop(rows, width: int, label_w: int) -> str:
+    """A page's stripes, and the shade of every unavailable row: hidden from assistive tech, drawn under the rows."""
+    out = []
+    for row in rows:
+        even = " even" if row.index % 2 == 0 else ""
+        out.append(
+            f'<rect class="stripe{even}" x="0" y="{row.y}" width="{width}" height="{row.height}"></rect>'
+        )
+        if row.node.status != "online":
+            out.append(
+                f'<rect class="unavailable" x="{label_w}" y="{row.y}" width="{width}" height="{row.height}"></rect>'
+            )
+    return "".join(out)
+
+
+def row_group(row, width: int, label_w: int, node_link: str) -> str:
+    """One node's row: its label (a link to the node, with its figures as the accessible name), the over-allocatable
+    flag, the status dot, the drain reason's band, and its marks. Built here rather than in a template loop for
+    the same reason as the marks: the loop's per-value rendering was a quarter of a row page's CPU."""
+    node = row.node
+    status = escape(node.status)
+    title = escape(row.title)
+    y = row.y
+    over = (
+        f'<text class="over" x="{label_w - 5}" y="{y + 13}" data-over-allocatable aria-hidden="true"><title>over '
+        f"allocatable: committed now exceeds allocatable by {escape(row.figures.over_by)}</title>▲ over</text>"
+        if row.figures.over
+        else ""
+    )
+    reason = (
+        f'<text class="reason" x="{label_w + 6}" y="{y + 12}" aria-hidden="true">'
+        f"{escape(Truncator(row.reason).chars(140))}</text>"
+        if row.reason
+        else ""
+    )
+    return (
+        f'<g class="row {status}" role="row" aria-rowindex="{row.index + 1}" data-node="{escape(node.name)}" '
+        f'data-lanes="{row.lanes}" id="slot-row-{node.pk}">'
+        f'<rect class="hover" x="0" y="{y}" width="{width}" height="{row.height}" aria-hidden="true"></rect>'
+        f'<g role="rowheader"><a href="{node_link}{node.pk}/" class="node-link" data-roving '
+        f'tabindex="{0 if row.index == 0 else -1}" aria-label="{title}"><text x="14" y="{y + 13}" class="label">'
+        f"<title>{title}</title>{escape(row.label)}</text></a>{over}"
+        f'<circle class="dot" cx="6" cy="{y + 9}" r="3.5" aria-hidden="true"><title>{status}</title></circle>'
+        f"{reason}</g>{row.marks}</g>"
     )

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from urllib.parse import urlencode
 
+from django.db import connection
 from django.urls import reverse
 from django.utils.safestring import SafeString, mark_safe
 
@@ -23,7 +24,7 @@ from fleet.models import Node, NodeStatus
 from fleet.views import Figures, figures
 from leases.models import Allocation
 from leases.reads import committed_now
-from leases.slot_marks import Alloc, reservation_bar, shorten, utilisation_strip
+from leases.slot_marks import Alloc, reservation_bar, row_backdrop, row_group, shorten, utilisation_strip
 from leases.slots import chart
 
 ZOOMS = {
@@ -147,6 +148,8 @@ class Page:
     rows: list[Row]
     height: int
     first: int  # 1-based number of its first row, for "nodes 51–100"
+    backdrop: SafeString = field(default_factory=lambda: mark_safe(""))
+    markup: SafeString = field(default_factory=lambda: mark_safe(""))  # the row groups, in order
 
 
 def matching_nodes(filters: Filters, window: Window) -> list[int]:
@@ -157,11 +160,13 @@ def matching_nodes(filters: Filters, window: Window) -> list[int]:
         rows = rows.filter(name__icontains=filters.q)
     if filters.status:
         rows = rows.filter(status=filters.status)
-    found = list(rows.values_list("id", "capabilities"))
     if filters.cap:
         cap = filters.cap.lower()
-        found = [(i, caps) for i, caps in found if any(cap in str(c).lower() for c in caps or ())]
-    ids = [i for i, _ in found]
+        found = rows.values_list("id", "capabilities")
+        ids = [i for i, caps in found if any(cap in str(c).lower() for c in caps or ())]
+    else:
+        # Only the ids: decoding every node's capabilities (JSON) cost a row page 2 ms for nothing.
+        ids = list(rows.values_list("id", flat=True))
     if filters.lease:
         allocs = Allocation.objects.filter(start__lt=window.end, end__gt=window.start)
         if filters.lease.isdigit():
@@ -193,7 +198,20 @@ def window_allocations(start: datetime, end: datetime, node_ids) -> list[Alloc]:
             "reservation__lease__type",
         )
     )
-    return [Alloc(*r) for r in rows]
+    # The ORM's query, run on a cursor: Django's SQLite converters (a regular expression and make_aware for each
+    # start and end) were a fifth of a row page's CPU; fromisoformat reads the same text at a tenth of the cost.
+    # PostgreSQL returns aware datetimes, kept as they are.
+    sql, params = rows.query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        found = cursor.fetchall()
+    return [Alloc(r[0], r[1], _aware(r[2]), _aware(r[3]), *r[4:]) for r in found]
+
+
+def _aware(value) -> datetime:
+    if isinstance(value, datetime):
+        return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+    return datetime.fromisoformat(value).replace(tzinfo=UTC)
 
 
 def row_label(node: Node, committed: dict[int, tuple[float, int, int]]) -> tuple[str, Figures, str]:
@@ -229,7 +247,12 @@ def layout_row(
     """One node's row from its allocations (in time order): its height, its lane count and its marks. Bars under
     LOD_MIN_W fold into a utilisation strip on a band of their own below the lanes; the others take lanes so that
     no two overlap; an unavailable node's reason takes a band above them, so no bar ever covers it."""
-    spans = [(window.x(a.start), window.x(a.end)) for a in allocs]
+    t0, span = window.start.timestamp(), window.span_s
+
+    def x(t: datetime) -> float:  # Window.x, inlined: two calls a bar
+        return LABEL_W + PLOT_W * max(0.0, min(1.0, (t.timestamp() - t0) / span))
+
+    spans = [(x(a.start), x(a.end)) for a in allocs]
     wide, strips = chart.fold_thin(spans, LOD_MIN_W)
     drawn = [(spans[i][0], spans[i][0] + max(1.0, spans[i][1] - spans[i][0])) for i in wide]
     lanes, count = chart.assign_lanes(drawn)
@@ -277,6 +300,7 @@ def build_pages(ids: list[int], first_page: int, pages: int, window: Window, fil
     for a in window_allocations(window.start, window.end, wanted):
         allocs.setdefault(a.node_id, []).append(a)
     link = reverse("lease-detail", args=[0])[:-2]  # "/leases/": the id and slash are appended per bar
+    node_link = reverse("node-detail", args=[0])[:-2]  # "/nodes/"
     out: list[Page] = []
     for p in range(pages):
         chunk = wanted[p * ROWS_PER_PAGE : (p + 1) * ROWS_PER_PAGE]
@@ -295,7 +319,10 @@ def build_pages(ids: list[int], first_page: int, pages: int, window: Window, fil
             )
             y += height
         page_index = first_page + p
-        out.append(Page(page_index, rows, y, page_index * ROWS_PER_PAGE + 1))
+        # Every database text in both went through escape() (leases/slot_marks.py).
+        backdrop = mark_safe(row_backdrop(rows, WIDTH, LABEL_W))  # noqa: S308
+        markup = mark_safe("".join(row_group(r, WIDTH, LABEL_W, node_link) for r in rows))  # noqa: S308
+        out.append(Page(page_index, rows, y, page_index * ROWS_PER_PAGE + 1, backdrop, markup))
     return out
 
 

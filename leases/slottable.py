@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from leases.slots.lines import (
     NEAR,
@@ -40,6 +41,9 @@ from leases.slots.values import (
     vec_plus,
 )
 
+if TYPE_CHECKING:
+    from leases.slots.arrays import NodeArrays
+
 # The slot table's vocabulary is imported from here; leases/slots/ holds its parts.
 __all__ = ["Overcommit", "Res", "Reservation", "RoomCounts", "SlotTable"]
 
@@ -59,6 +63,9 @@ class SlotTable:
         self._total = Line()
         self._total_owned = True
         self._total_cap: Vec = ZERO_VEC
+        # The flat columns of every node's line, built on first use (`arrays`), and the nodes written since.
+        self._arrays: NodeArrays | None = None
+        self._dirty: set[int] = set()
         for cap in self._caps.values():
             self._total_cap = (
                 self._total_cap[0] + cap[0],
@@ -397,7 +404,20 @@ class SlotTable:
         other._owned, self._owned = set(), set()
         other._index_owned = self._index_owned = False
         other._total_owned = self._total_owned = False
+        other._arrays, other._dirty = None, set()
         return other
+
+    def arrays(self) -> NodeArrays:
+        """Every node's line as flat numpy columns, for questions about the whole fleet at once (the verdicts of
+        a decision); kept in step with the table by rebuilding only the nodes written to since the last call."""
+        from leases.slots.arrays import NodeArrays
+
+        if self._arrays is None:
+            self._arrays = NodeArrays(self.nodes, self._caps, self._lines)
+        elif self._dirty:
+            self._arrays.refresh(self._lines, self._dirty)
+        self._dirty = set()
+        return self._arrays
 
     # -- internals -----------------------------------------------------------------------------------------
 
@@ -412,6 +432,7 @@ class SlotTable:
         return self._lines[node]
 
     def _writable_line(self, node: int) -> Line:
+        self._dirty.add(node)
         if node not in self._owned:
             self._lines[node] = self._lines[node].clone()
             self._owned.add(node)

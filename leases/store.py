@@ -15,11 +15,15 @@ from __future__ import annotations
 
 import logging
 import math
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from functools import cached_property
 
+import numpy as np
+import numpy.typing as npt
 from django.conf import settings
 from django.db import OperationalError, transaction
 
@@ -44,6 +48,8 @@ from slotkeeper import audit, events, metrics, planlock
 from slotkeeper.bulk import update_many
 
 log = logging.getLogger(__name__)
+# Node names per cached scheduler (see Planning.names).
+_names: weakref.WeakKeyDictionary[Scheduler, dict[int, str]] = weakref.WeakKeyDictionary()
 
 
 def to_epoch(dt: datetime) -> float:
@@ -200,24 +206,34 @@ def load(nodes: list[capacity.NodeState], next_rid: int) -> Scheduler:
 
 def observed_extra(
     nodes: list[capacity.NodeState], sched: Scheduler, t: float, excluded: Mapping[int, str]
-) -> dict[int, Res]:
+) -> tuple[dict[int, Res], npt.NDArray[np.int64]]:
     """The now-gate's figures (docs/capacity.md): per usable node, the memory it is observed to use beyond its
     remembered baseline and what the plan holds there now, and the disk it is short of what the plan thinks is
-    free. Seed 001's rule: a node is charged the worse of observed and committed use."""
+    free. Seed 001's rule: a node is charged the worse of observed and committed use. Returned twice: per node,
+    and as cpu/memory/disk columns in the slot table's node order (what the report's vectorised verdicts use)."""
+    arrays = sched.table.arrays()
+    planned = arrays.level_at(t).tolist()  # every node's planned use at t in one pass
     out: dict[int, Res] = {}
+    rows: list[int] = []
     for node in nodes:
-        if node.id in excluded or node.observed_mem_used_mib is None or node.id not in sched.table.nodes:
+        i = arrays.pos.get(node.id)
+        if node.id in excluded or node.observed_mem_used_mib is None or i is None:
             continue
-        planned = sched.table.used_at(node.id, t)
+        _, planned_mem, planned_disk = planned[i]
         baseline = max(node.idle_baseline_mib or 0, capacity.BASELINE_FLOOR_MIB)
-        mem = max(0, node.observed_mem_used_mib - baseline - planned.mem)
+        mem = max(0, node.observed_mem_used_mib - baseline - planned_mem)
         disk = 0
         if node.disk_free_gib is not None:
-            plan_free = capacity.node_limits(node).disk_gib - planned.disk
+            plan_free = capacity.node_limits(node).disk_gib - planned_disk
             disk = max(0, math.ceil(plan_free - (node.disk_free_gib - capacity.DISK_RESERVE_GIB)))
         if mem or disk:
             out[node.id] = Res(mem=mem, disk=disk)
-    return out
+            rows.append(i)
+    columns = np.zeros((len(arrays.nodes), 3), dtype=np.int64)
+    if rows:
+        columns[rows, 1] = [r.mem for r in out.values()]
+        columns[rows, 2] = [r.disk for r in out.values()]
+    return out, columns
 
 
 def excluded_nodes(nodes: list[capacity.NodeState]) -> dict[int, str]:
@@ -245,6 +261,15 @@ class Planning:
     @property
     def t(self) -> float:
         return to_epoch(self.now)
+
+    @cached_property
+    def names(self) -> dict[int, str]:
+        """Node id -> name. A cached scheduler is only reused while every node keeps its name (the fleet
+        fingerprint holds them), so the mapping is built once per scheduler, not once per pass."""
+        got = _names.get(self.scheduler)
+        if got is None:
+            got = _names[self.scheduler] = {n.id: n.name for n in self.nodes}
+        return got
 
 
 @contextmanager
@@ -283,7 +308,7 @@ def _planning(now: datetime) -> Iterator[Planning]:
         plan = Planning(scheduler=sched, now=now, excluded=excluded_nodes(nodes), nodes=nodes)
         sched.settle(plan.t)
         sched.replaced = []  # set again by this pass's advance(), if it runs one
-        sched.observe(observed_extra(nodes, sched, plan.t, plan.excluded))
+        sched.observe(*observed_extra(nodes, sched, plan.t, plan.excluded))
         yield plan
         changes = sched.take_changes()
         touched = apply(sched, changes)
@@ -349,14 +374,14 @@ def report_row(
     explained = sched.explain(
         req, start, end, chosen=chosen, proposed=proposed, excluded=plan.excluded, now=plan.t
     )
-    names = {n.id: n.name for n in plan.nodes}
+    names = plan.names
     picked = list(chosen or {}) or list(proposed)
-    holds = {names.get(v.node, str(v.node)): v.holds for v in explained.verdicts if v.holds}
     size = explained.vm
     summary = reports.summary(
         {"cpu": size.cpu, "mem": size.mem, "disk": size.disk},
         explained.count,
-        holds,
+        {names.get(n, str(n)): h for n, h in explained.holders},
+        total=explained.total,
         now=start <= plan.t,
         window=f"{sched.label(start)}–{sched.label(end)}",
         largest=_largest(sched, names),
@@ -372,17 +397,19 @@ def report_row(
         outcome=outcome,
         message=message,
         chosen=[names.get(n, str(n)) for n in picked],
-        verdicts=reports.encode(explained.verdicts, start=start, end=end, summary=summary),
+        verdicts=reports.encode(explained.columns, start=start, end=end, summary=summary),
         requested_by=requested_by,
     )
 
 
 def _largest(sched: Scheduler, names: Mapping[int, str]) -> tuple[str, int] | None:
-    """The node with the most allocatable memory, from the capacities the scheduler already holds."""
-    if not sched.table.nodes:
+    """The node with the most allocatable memory (the lowest id among equals), from the slot table's columns."""
+    arrays = sched.table.arrays()
+    if not len(arrays.nodes):
         return None
-    node = max(sched.table.nodes, key=lambda n: (sched.table.capacity(n).mem, -n))
-    return names.get(node, f"node {node}"), sched.table.capacity(node).mem
+    i = int(arrays.caps[:, 1].argmax())
+    node = int(arrays.nodes[i])
+    return names.get(node, f"node {node}"), int(arrays.caps[i, 1])
 
 
 def _report_placed(plan: Planning, changes: list[Change]) -> None:

@@ -229,9 +229,16 @@ SLOTKEEPER = {
     "HEALTH_SAMPLE_EVERY_S": float(os.environ.get("SLOTKEEPER_HEALTH_SAMPLE_EVERY_S", "30")),
     # Node tokens each web process remembers (slotkeeper/auth.py node_tokens), and for how long: a heartbeat from a
     # node seen within the TTL skips the token lookup. Every use is checked against the node row in the same
-    # statement, so the TTL bounds memory, not how long a rotated or fenced token is accepted (never).
+    # statement (for a buffered heartbeat, the flush's), so the TTL bounds memory, not how long a rotated or fenced
+    # token is accepted: never in the process that rotated or fenced it; in the others until its NOTIFY arrives
+    # (milliseconds; fleet/token_notices.py), at most one heartbeat flush interval if that notice is missed.
     "NODE_TOKEN_CACHE_SIZE": int(os.environ.get("SLOTKEEPER_NODE_TOKEN_CACHE_SIZE", "20000")),
     "NODE_TOKEN_CACHE_TTL_S": float(os.environ.get("SLOTKEEPER_NODE_TOKEN_CACHE_TTL_S", "30")),
+    # The steady heartbeat answered in front of Django and written in batches (slotkeeper/heartbeat_route.py):
+    # off (0) sends every heartbeat through the view and writes it in its request, as before. The flush interval
+    # is also what a crash may lose (docs/heartbeats.md).
+    "HEARTBEAT_BUFFER": os.environ.get("SLOTKEEPER_HEARTBEAT_BUFFER", "1") == "1",
+    "HEARTBEAT_FLUSH_S": float(os.environ.get("SLOTKEEPER_HEARTBEAT_FLUSH_S", "0.15")),
     # A sweep that finds its previous run older than this was away (the server or beat was down): every node gets
     # a fresh grace from then, instead of being found dead for the sweep's own absence.
     "SWEEP_OUTAGE_GAP_S": float(os.environ.get("SLOTKEEPER_SWEEP_OUTAGE_GAP_S", "15")),

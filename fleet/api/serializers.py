@@ -8,6 +8,7 @@ from rest_framework import serializers
 
 from fleet import nodestate
 from fleet.capacity import ReasonCode
+from fleet.heartbeat_rules import MAX_DISK_GIB, MAX_LOAD1, MAX_MEM_MIB
 from fleet.models import Node, PlacementReport
 from slotkeeper.fields import (
     INT32_MAX,
@@ -19,13 +20,9 @@ from slotkeeper.fields import (
 )
 from slotkeeper.serializers import StrictSerializer
 
-# Physical bounds of one machine, far above any real one (64 TiB of memory, 1 PiB of disk) and far below what the
-# database columns hold (PostgreSQL `integer`: 2^31 - 1).
-MAX_MEM_MIB = 64 * 1024 * 1024
-MAX_DISK_GIB = 1024 * 1024
+# The physical bounds of one machine live with the heartbeat's pure rules, which check the common heartbeat
+# without this module (fleet/heartbeat_rules.py); the same numbers bound every serializer here.
 MAX_CPU_CORES = 4096
-# A load average or free disk beyond these is a broken agent, not a machine; 1e308 was shown on the board.
-MAX_LOAD1 = 100_000
 MAX_LOG_LINE = 4000
 REASON_CODES = {str(c) for c in ReasonCode}
 NODE_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"

@@ -8,6 +8,7 @@ do_reject); the views re-check the role (a hidden checkbox is not a permission) 
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from urllib.parse import urlencode
 
@@ -27,6 +28,7 @@ from leases.instances.actions import alerts as alert_actions
 from leases.instances.actions import reschedules
 from leases.instances.filters import AlertFilterSet, InstanceFilterSet, RescheduleFilterSet, filtered
 from leases.instances.models import Reschedule, RescheduleStatus
+from leases.instances.results import result_lines
 from leases.lifecycle import InstanceState
 from leases.models import Alert, Group, Instance
 from slotkeeper.decorators import role_required
@@ -125,7 +127,7 @@ def instance_detail(request, iid: str):
         "inst": inst,
         "events": list(inst.events.all()),
         "restarts": list(inst.restarts.all()),
-        "reschedules": list(inst.reschedules.select_related("proposed_node", "new_instance")),
+        "reschedules": list(inst.reschedules.select_related("proposed_node", "new_instance__node")),
         "replaced_by": Instance.objects.filter(replaces=inst).only("iid").first(),
         "alerts": list(inst.alerts.filter(resolved_at=None)),
     }
@@ -239,41 +241,13 @@ def reschedule_confirm(request):
     return render(request, template, context)
 
 
-@dataclass
-class ResultLine:
-    id: int
-    instance: str
-    kind: str  # moved / pending / stale / refused
-    text: str
-
-
-def stale_line(message: str) -> str:
-    # The domain's message names the versions ("... changed since you saw it (version 3, now 4)"): keep those,
-    # lead with what the operator should do.
-    versions = message.rpartition(" it ")[2] if "(version" in message else ""
-    return f"changed since you saw it, review again {versions}".rstrip()
-
-
-def classify(result: reschedules.ApprovalResult) -> tuple[str, str]:
-    if result.ok:
-        return "moved", result.message
-    # A stale version means the operator must re-read that proposal before approving it: its own kind of line.
-    if result.code == "stale":
-        return "stale", stale_line(result.message)
-    if result.status == RescheduleStatus.PENDING:
-        text = result.message
-        return "pending", text if text.startswith("still pending") else f"still pending: {text}"
-    return "refused", result.message
-
-
-def approve_all(user, ids: list[int], versions: dict[int, int]) -> list[tuple[int, str, str]]:
+def approve_all(user, ids: list[int], versions: dict[int, int]) -> list[reschedules.ApprovalResult]:
     try:
-        results = reschedules.do_approve(user, ids, now=timezone.now(), versions=versions)
+        return reschedules.do_approve(user, ids, now=timezone.now(), versions=versions)
     except StaleVersion as exc:  # raised only for a single id
-        return [(ids[0], "stale", stale_line(str(exc)))]
+        return [reschedules.ApprovalResult(ids[0], False, "", str(exc), code="stale")]
     except DomainError as exc:
-        return [(ids[0], "refused", str(exc))]
-    return [(r.id, *classify(r)) for r in results]
+        return [reschedules.ApprovalResult(ids[0], False, "", str(exc), code="conflict")]
 
 
 @role_required("operator")
@@ -285,12 +259,12 @@ def reschedule_approve(request):
         messages.error(request, "Select at least one proposal to approve.")
         return redirect("reschedule-list")
     versions = {pk: int(v) for pk in ids if (v := request.POST.get(f"v{pk}", "")).isdigit()}
-    outcome = approve_all(request.user, ids, versions)
-    iids = dict(Reschedule.objects.filter(pk__in=ids).values_list("pk", "instance__iid"))
-    lines = [ResultLine(pk, iids.get(pk, "?"), kind, text) for pk, kind, text in outcome]
+    lines = result_lines(approve_all(request.user, ids, versions))
     context = {
         "lines": lines,
         "moved": sum(line.kind == "moved" for line in lines),
+        # (label, count) pairs: a Counter in a template answers `.items` as a missing key, 0.
+        "counts": sorted(Counter(line.label for line in lines if line.kind != "moved").items()),
         "back": request.POST.get("back") or reverse("reschedule-list"),
     }
     template = (

@@ -26,6 +26,7 @@ from leases.scheduling.records import (
     VM,
     Change,
     LeaseRecord,
+    LeaseRequest,
     Plan,
     ReservationRecord,
     SchedulerConfig,
@@ -87,6 +88,8 @@ class PlanBook:
         # queue pass keeps them across the other leases' commits (clearing all of it on every change did not).
         self._fit_memo: dict[int, dict[tuple[Res, float], float]] = {}
         self._room = RoomCounts()
+        # The last host order the mapper built on the live table: (request, start, duration, nodes).
+        self._last_order: tuple[LeaseRequest, float, float, Iterable[int]] | None = None
         self._fleet = tuple(self.table.capacity(n) for n in self.table.nodes)  # fixed for a scheduler's life
         self._capacity = dict(zip(self.table.nodes, self._fleet, strict=True))
         self._packs_memo: dict[tuple[Res, ...], bool] = {}

@@ -12,21 +12,31 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import numpy.typing as npt
 
 from fleet.capacity import ReasonCode
-from fleet.reports import Verdict
+from fleet.reports import Columns, Verdict
 from leases.scheduling.events import EventLoop
-from leases.scheduling.mapper import size_order
+from leases.scheduling.mapper import HostOrder, size_order
 from leases.scheduling.records import LeaseRequest
-from leases.slots.values import vec, vec_minus, vec_plus
+from leases.slots.arrays import DIMS, NodeArrays
+from leases.slots.values import vec
 from leases.slottable import Res
 
 # The dimensions a verdict can name, in the order they are checked: disk first (seed 001: a full disk fails every
-# instance on the node), then memory, then cores.
-DIMENSIONS = (("disk", 2), ("mem", 1), ("cpu", 0))
-_INDEX = dict(DIMENSIONS)
-_NAMES = {i: name for name, i in DIMENSIONS}
+# instance on the node), then memory, then cores. Indexes are the slot table's vector positions, which are also
+# fleet/reports.DIMENSIONS' (cpu 0, memory 1, disk 2).
+CHECK_ORDER = (2, 1, 0)
+MEM = 1
+DISK = 2
+# Nodes whose blocking leases are named in a report (the ones closest to fitting first): naming them walks each
+# node's reservations, and a report names at most five per node anyway.
+BLOCKER_NODES = 8
 _R = ReasonCode
+_NO_RANK = 0
 
 
 # One node's answer: the stored reports' own shape (fleet/reports.py).
@@ -39,10 +49,18 @@ class Explanation:
     end: float
     vm: Res  # the largest VM, the one `holds` counts
     count: int
-    verdicts: tuple[NodeVerdict, ...]  # in node id order
+    columns: Columns  # every node's verdict, in node id order
+    total: int = 0  # how many of its VMs the fleet holds, summed over the nodes
+    holders: tuple[tuple[int, int], ...] = ()  # (node, holds) of the nodes holding most, at most five
+
+    @property
+    def verdicts(self) -> list[NodeVerdict]:
+        return self.columns.verdicts()
 
 
 class Explaining(EventLoop):
+    _extra_memo: tuple[Mapping[int, Res], NodeArrays, npt.NDArray[np.int64]] | None = None
+
     def explain(
         self,
         req: LeaseRequest,
@@ -57,93 +75,157 @@ class Explaining(EventLoop):
         """Every node's verdict for `req` over [start, end). `chosen`: what the lease itself holds per node when it
         was placed (added back, so its own nodes show what they held for it); `excluded`: the nodes ruled out
         before mapping, with "code: sentence" (default: the last pass's exclusions); `proposed`: the nodes a
-        dry run would choose (marked, nothing added back)."""
+        dry run would choose (marked, nothing added back).
+
+        One pass over the whole fleet in numpy columns (leases/slots/arrays.py), not a loop per node: at 1,000
+        nodes a loop cost most of a decision's report (docs/capacity.md)."""
         own = chosen or {}
-        picked = list(own) or list(proposed)
         now = self._now if now is None else now
         ruled_out = self._excluded if excluded is None else excluded
         vm = req.vnodes[size_order(req.vnodes)[0] - 1]
         count = len(req.vnodes)
         table = self.table
+        arr = table.arrays()
+        pos = arr.pos
+        size = len(table.nodes)
+        cap = arr.caps
+        need = np.array(vec(vm)[:DIMS], dtype=np.int64)
+        wants = [d for d in CHECK_ORDER if need[d] > 0]
+
+        # Free over the window: capacity less the peak, with the lease's own share added back, and less what the
+        # node is seen to use beyond the plan when the window starts now (the now-gate).
+        free = cap - arr.peak_over(start, end) if end > start else cap - arr.level_at(start)
+        free_now = cap - arr.level_at(start) if start <= now else None
+        for node, r in own.items():
+            free[pos[node]] += vec(r)[:DIMS]
+            if free_now is not None:
+                free_now[pos[node]] += vec(r)[:DIMS]
+        if free_now is not None and self._now_extra:
+            extra = self._extra_columns(arr)
+            free -= extra
+            free_now -= extra
+
+        holds = _copies(free, need, wants, count)
+        too_small = np.zeros(size, dtype=bool)
+        for d in wants:
+            too_small |= cap[:, d] < need[d]
+        allowed = np.full(size, count if req.spread is None else req.spread, dtype=np.int64)
+        if req.spread is not None:
+            for node, n in req.taken:
+                if node in pos:
+                    allowed[pos[node]] = max(req.spread - n, 0)
+        anti = (holds > 0) & (allowed == 0) & ~too_small
+        holds = np.where(too_small, 0, np.minimum(holds, allowed))
+
+        # The short dimension: the first of disk, memory, cores falling short (of capacity when too small, else
+        # of the free figure); memory where nothing falls short.
+        short = np.full(size, MEM, dtype=np.int64)
+        settled = np.zeros(size, dtype=bool)
+        for d in wants:
+            falls = np.where(too_small, cap[:, d], free[:, d]) < need[d]
+            short = np.where(falls & ~settled, d, short)
+            settled |= falls
+        fit = holds > 0
+        capacity_short = ~fit & ~too_small & ~anti
+        short = np.where(fit | anti, MEM, short)
+        rows = np.arange(size)
+        shown_free = np.where(too_small, cap[rows, short], free[rows, short])
+        shown_need = need[short]
+        shown_cap = cap[rows, short]
+
+        # Why a node with no room has none: its disk, busy now (when the window starts now), else reservations.
+        busy_now = (
+            _copies(free_now, need, wants, 1) == 0 if free_now is not None else np.zeros(size, dtype=bool)
+        )
+        codes = np.full(size, None, dtype=object)
+        codes[too_small] = _R.TOO_SMALL.value
+        codes[anti] = _R.ANTI_AFFINITY.value
+        codes[capacity_short & (short == DISK)] = _R.NO_DISK.value
+        codes[capacity_short & (short != DISK) & busy_now] = _R.AT_CAPACITY.value
+        codes[capacity_short & (short != DISK) & ~busy_now] = _R.RESERVED.value
+
         # The mapper's order: the nodes it chose first (it fills nodes in its order, so they led it), then the
-        # rest as it would try them now.
-        order = [n for n in own] + [
-            n for n in self._host_order(table, req, start, end - start, None) if n not in own
-        ]
-        ranks = {n: i + 1 for i, n in enumerate(order)}
-        extra = {n: vec(r) for n, r in self._now_extra.items()} if start <= now else {}
-        mine = {n: vec(r) for n, r in own.items()}
-        taken = dict(req.taken)
+        # rest in the order it tried them for this request. When it placed the lease before reaching the end of
+        # a lazily built order (mapper.HostOrder), only the nodes it handed out and the idle nodes leading the
+        # order are ranked: ranking the others would be the mapper's work done again, for nodes it never tried.
+        # When it did not try this window, the order it would try now.
+        tried = self._order_used(req, start, end - start)
+        if tried is None:
+            tried = self._host_order(table, req, start, end - start, None)
+        listed = tried.tried() if isinstance(tried, HostOrder) and own else list(tried)
+        order = list(own) + [n for n in listed if n not in own]
+        ranks = np.zeros(size, dtype=np.int64)
+        if order:
+            ranks[[pos[n] for n in order]] = np.arange(1, len(order) + 1)
+        ranks[too_small] = _NO_RANK
+
+        node_ids = list(table.nodes)
+        code_list: list[str | None] = codes.tolist()
+        notes = [""] * size
+        # The exclusions (and the group's barred nodes) come first whatever the capacity says.
         barred = dict(req.barred)
-        need = vec(vm)
-        wants = [(i, need[i]) for _, i in DIMENSIONS if need[i] > 0]
-        mem_i = _INDEX["mem"]
-        out = []
-        for node in table.nodes:
-            cap = vec(self._capacity[node])
+        ruled: list[int] = []
+        for node in {*ruled_out, *barred}:
+            i = pos.get(node)
             why = ruled_out.get(node) or barred.get(node)
-            if why:
-                code, _, note = why.partition(": ")
-                out.append(
-                    NodeVerdict(
-                        node,
-                        0,
-                        code,
-                        "mem",
-                        need[mem_i],
-                        cap[mem_i],
-                        cap[mem_i],
-                        None,
-                        False,
-                        (),
-                        note or why,
-                    )
-                )
+            if i is None or not why:
                 continue
-            if any(cap[i] < w for i, w in wants):
-                dim = _short_vec(wants, cap)
-                i = _INDEX[dim]
-                out.append(
-                    NodeVerdict(node, 0, _R.TOO_SMALL.value, dim, need[i], cap[i], cap[i], None, False)
-                )
-                continue
-            free = table.free_over_vec(node, start, end)
-            if node in mine:
-                free = vec_plus(free, mine[node])
-            if node in extra:
-                free = vec_minus(free, extra[node])
-            holds = min(min(max(free[i], 0) // w for i, w in wants) if wants else count, count)
-            allowed = count if req.spread is None else max(req.spread - taken.get(node, 0), 0)
-            rank = ranks.get(node)
-            if holds and not allowed:
-                code = _R.ANTI_AFFINITY.value
-                out.append(
-                    NodeVerdict(node, 0, code, "mem", need[mem_i], free[mem_i], cap[mem_i], rank, False)
-                )
-                continue
-            holds = min(holds, allowed)
-            if holds:
-                chosen_here = node in picked
-                out.append(
-                    NodeVerdict(
-                        node, holds, None, "mem", need[mem_i], free[mem_i], cap[mem_i], rank, chosen_here
-                    )
-                )
-                continue
-            dim = _short_vec(wants, free)
-            i = _INDEX[dim]
-            if dim == "disk":
-                code = _R.NO_DISK.value
-            elif start <= now and not _copies(vm, self._free_now(node, start, own, self._now_extra)):
-                code = _R.AT_CAPACITY.value  # short right now, not only later in the window
-            else:
-                code = _R.RESERVED.value
-            blockers: tuple[int, ...] = ()
-            if code != _R.NO_DISK:
-                lids = {b.lease_id for b in table.blockers(node, vm, start, end) if b.lease_id != req.id}
-                blockers = tuple(sorted(lids))
-            out.append(NodeVerdict(node, 0, code, dim, need[i], free[i], cap[i], rank, False, blockers))
-        return Explanation(start, end, vm, count, tuple(out))
+            code, note = _split(why)
+            code_list[i], notes[i] = code, note
+            ruled.append(i)
+        if ruled:
+            holds[ruled], short[ruled], ranks[ruled] = 0, MEM, _NO_RANK
+            shown_need[ruled], shown_free[ruled], shown_cap[ruled] = (
+                need[MEM],
+                cap[ruled, MEM],
+                cap[ruled, MEM],
+            )
+            capacity_short[ruled] = False
+
+        # The leases in the way, named for the nodes closest to fitting.
+        blocking = np.flatnonzero(capacity_short & (short != DISK))
+        blocking = blocking[np.lexsort((blocking, -shown_free[blocking]))][:BLOCKER_NODES]
+        blockers: dict[int, tuple[int, ...]] = {}
+        for i in blocking.tolist():
+            lids = {b.lease_id for b in table.blockers(node_ids[i], vm, start, end) if b.lease_id != req.id}
+            if lids:
+                blockers[node_ids[i]] = tuple(sorted(lids))
+
+        # Who holds the most of it, for the summary: most VMs first, then the mapper's order.
+        fit_at = np.flatnonzero(holds)
+        top = fit_at[
+            np.lexsort((fit_at, np.where(ranks[fit_at] > 0, ranks[fit_at], size + 1), -holds[fit_at]))
+        ][:5]
+        picked = set(own) or set(proposed)
+        columns = Columns(
+            node=arr.nodes,
+            holds=holds,
+            code=code_list,
+            dim=short,
+            need=shown_need,
+            free=shown_free,
+            allocatable=shown_cap,
+            rank=ranks,
+            chosen=sorted(n for n in picked if n in pos and holds[pos[n]]),
+            blockers=blockers,
+            note=notes,
+        )
+        holders = tuple((node_ids[i], int(holds[i])) for i in top.tolist())
+        return Explanation(start, end, vm, count, columns, int(holds.sum()), holders)
+
+    def _extra_columns(self, arr: NodeArrays) -> npt.NDArray[np.int64]:
+        """The now-gate's extra use as a column per dimension, built once per observation."""
+        got = self._extra_memo
+        if got is not None and got[0] is self._now_extra and got[1] is arr:
+            return got[2]  # given by `observe`, or built by an earlier call for the same observation
+        extra = np.zeros((len(arr.nodes), DIMS), dtype=np.int64)
+        seen = [(arr.pos[n], r) for n, r in self._now_extra.items() if n in arr.pos]
+        if seen:
+            rows = [i for i, _ in seen]
+            for d, name in enumerate(("cpu", "mem", "disk")):
+                extra[rows, d] = np.fromiter((getattr(r, name) for _, r in seen), np.int64, len(seen))
+        self._extra_memo = (self._now_extra, arr, extra)
+        return extra
 
     def propose(self, req: LeaseRequest, start: float, end: float, excluded: Mapping[int, str]) -> list[int]:
         """A dry run: the nodes the mapper would choose for `req` over [start, end) as the plan stands, in its
@@ -156,25 +238,19 @@ class Explaining(EventLoop):
                 memo.pop(req.id, None)
         return list(dict.fromkeys(found[0][v] for v in sorted(found[0]))) if found else []
 
-    def _free_now(self, node: int, t: float, own: Mapping[int, Res], extra: Mapping[int, Res]) -> Res:
-        free = self.table.available_at(node, t)
-        if node in own:
-            free = free + own[node]
-        return free - extra[node] if node in extra else free
+
+def _copies(
+    free: npt.NDArray[np.int64], need: npt.NDArray[np.int64], wants: list[int], most: int
+) -> npt.NDArray[np.int64]:
+    """Per node, how many VMs of `need` its free figures hold, at most `most`."""
+    out = np.full(len(free), most, dtype=np.int64)
+    for d in wants:
+        np.minimum(out, np.maximum(free[:, d], 0) // need[d], out=out)
+    return out
 
 
-def _copies(vm: Res, free: Res) -> int:
-    need, have = vec(vm), vec(free)
-    best = 1 << 30
-    for _, i in DIMENSIONS:
-        if need[i] > 0:
-            best = min(best, max(have[i], 0) // need[i])
-    return best
-
-
-def _short_vec(wants: Sequence[tuple[int, int]], free: Sequence[int]) -> str:
-    """_short on vectors: the first of disk, memory, cores (in that order) the free figures fall short of."""
-    for i, w in wants:
-        if free[i] < w:
-            return _NAMES[i]
-    return "mem"
+@lru_cache(maxsize=256)
+def _split(why: str) -> tuple[str, str]:
+    """ "code: sentence" as (code, sentence); the same few exclusion texts recur on most of a fleet."""
+    code, _, note = why.partition(": ")
+    return code, note or why

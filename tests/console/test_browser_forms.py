@@ -175,7 +175,9 @@ def test_a_what_if_preview_shows_the_verdict_table(page, console):
     assert page.locator("[data-chosen]").all_inner_texts() == ["tank"]
     rows = page.locator("#preview-verdicts tbody tr")
     assert rows.count() == 3
-    assert "missing_capability" in page.locator('#preview-verdicts tr[data-node="architect"]').inner_text()
+    architect = page.locator('#preview-verdicts tr[data-node="architect"]')
+    assert architect.locator("[data-code]").get_attribute("data-code") == "missing_capability"
+    assert "lacks a capability" in architect.inner_text(), "the code is said in words"
 
 
 def test_an_operator_cancels_a_lease_from_its_page(page, console):

@@ -105,7 +105,7 @@ def test_approve_two_reschedules_in_bulk(page, console):
     assert all(iid in confirmation for iid in iids) and confirmation.count("→") == 2
     page.click("#confirm-approve")
     page.wait_for_selector("#reschedule-result")
-    lines = page.locator("#reschedule-result li[data-result]")
+    lines = page.locator("#reschedule-result tr[data-result]")
     assert lines.count() == 2
     assert [lines.nth(i).get_attribute("data-result") for i in range(2)] == ["moved", "moved"]
     assert "2 of 2 moved" in page.locator("#reschedule-result h3").inner_text()

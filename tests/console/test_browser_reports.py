@@ -91,8 +91,11 @@ def test_a_rejected_lease_shows_every_node_unfit_with_its_reason(page, console):
             assert row.get_attribute("class") == "unfit", node
             assert row.locator("[data-chosen]").count() == 0, node
             verdict = cells.nth(1).inner_text()
-            assert verdict.startswith("✘") and "fit" not in verdict, f"{node}: {verdict!r}"
-            code = cells.nth(1).locator("code").inner_text()
+            assert verdict.startswith("✘"), f"{node}: {verdict!r}"
+            assert "fit" not in verdict and "_" not in verdict, (
+                f"{node}: {verdict!r} (codes are said in words)"
+            )
+            code = cells.nth(1).locator("[data-code]").get_attribute("data-code")
             reason = cells.nth(2).inner_text().strip()
             assert code and reason, f"{node}: code {code!r}, reason {reason!r}"
             assert cells.nth(3).inner_text().strip() == "0", f"{node} holds {cells.nth(3).inner_text()!r}"

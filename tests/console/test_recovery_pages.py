@@ -257,8 +257,8 @@ def test_a_stale_version_shows_the_changed_line_and_does_not_apply(otto, two_los
     fresh, stale = two_lost
     data = {"id": [str(fresh.pk), str(stale.pk)], f"v{fresh.pk}": str(fresh.version), f"v{stale.pk}": "99"}
     body = otto.post(reverse("reschedule-approve"), data).content.decode()
-    line = body[body.rindex("<li", 0, body.index(f'data-reschedule="{stale.pk}"')) :]
-    line = line[: line.index("</li>")]
+    line = body[body.rindex("<tr", 0, body.index(f'data-reschedule="{stale.pk}"')) :]
+    line = line[: line.index("</tr>")]
     assert (
         'data-result="stale"' in line and "changed since you saw it, review again (version 99, now 1)" in line
     )

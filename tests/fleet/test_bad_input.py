@@ -18,21 +18,22 @@ pytestmark = pytest.mark.django_db
 NEW_NODE = {"name": "architect", "cpu_cores": 16, "mem_total_mib": 65536, "disk_total_gib": 900}
 
 
-@pytest.mark.parametrize(
-    ("overrides", "field"),
-    [
-        ({"mem_total_mib": 2**31}, "mem_total_mib"),  # 500 on PostgreSQL (integer column)
-        ({"mem_total_mib": 2**63}, "mem_total_mib"),  # 500 on SQLite too
-        ({"disk_free_gib": 1e308}, "disk_free_gib"),  # was shown on the board
-        ({"load1": 1e308}, "load1"),
-        ({"instances": [{"id": "1-1-0", "status": "exited", "exit_code": 1e20}]}, "instances"),
-        ({"instances": [{"id": "1-1-0", "gpus": 8}]}, "instances"),
-        ({"instances": ["1-1-0\x00"]}, "instances"),  # jsonb refuses NUL: 500 on PostgreSQL
-        ({"instances": ["x" * 101]}, "instances"),
-        ({"instances": [{"id": "1-1-0", "log_tail": ["x" * 5000]}]}, "instances"),
-        ({"gpu_temp_c": 80}, "gpu_temp_c"),  # unknown: was dropped silently
-    ],
-)
+# Also sent through the heartbeat's ASGI route (tests/fleet/test_heartbeat_route.py), which must answer the same.
+HOSTILE_HEARTBEATS = [
+    ({"mem_total_mib": 2**31}, "mem_total_mib"),  # 500 on PostgreSQL (integer column)
+    ({"mem_total_mib": 2**63}, "mem_total_mib"),  # 500 on SQLite too
+    ({"disk_free_gib": 1e308}, "disk_free_gib"),  # was shown on the board
+    ({"load1": 1e308}, "load1"),
+    ({"instances": [{"id": "1-1-0", "status": "exited", "exit_code": 1e20}]}, "instances"),
+    ({"instances": [{"id": "1-1-0", "gpus": 8}]}, "instances"),
+    ({"instances": ["1-1-0\x00"]}, "instances"),  # jsonb refuses NUL: 500 on PostgreSQL
+    ({"instances": ["x" * 101]}, "instances"),
+    ({"instances": [{"id": "1-1-0", "log_tail": ["x" * 5000]}]}, "instances"),
+    ({"gpu_temp_c": 80}, "gpu_temp_c"),  # unknown: was dropped silently
+]
+
+
+@pytest.mark.parametrize(("overrides", "field"), HOSTILE_HEARTBEATS)
 def test_a_hostile_heartbeat_is_a_400_naming_the_field_and_stores_nothing(register_node, overrides, field):
     node, agent = register_node()
     response = agent.post(f"/api/nodes/{node.pk}/heartbeat", {**healthy(), **overrides}, format="json")

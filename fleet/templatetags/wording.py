@@ -1,0 +1,23 @@
+"""Template filters of fleet/wording.py, for every page that prints what the placer or the scheduler said:
+`{% load wording %}` then `code|words`, `message|headline`, `message|brief`, `message|detail_lines`, `text|user_units`."""
+
+from __future__ import annotations
+
+from django import template
+
+from fleet import wording
+
+register = template.Library()
+
+register.filter("words", wording.words)
+register.filter("user_units", wording.user_units)
+register.filter("headline", wording.headline)
+register.filter("brief", wording.brief)
+register.filter("detail_lines", wording.detail_lines)
+register.filter("readable_line", wording.readable_line)
+register.filter("with_times", wording.with_times)
+register.filter("figures", wording.figures)
+register.filter("tally", wording.tally)
+register.filter("request_words", wording.request_words)
+register.filter("mem", wording.mem)
+register.filter("cores_of", wording.cores_of)
