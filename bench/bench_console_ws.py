@@ -259,6 +259,30 @@ async def dispatch(self, message):
 ConsoleConsumer.dispatch = dispatch
 """,
     "bench_ws_hub.py": HUB_MODULE,
+    # The project with the 50 ms coalescing window it had before issue 13 item 6 (what the window costs).
+    "bench_ws_window.py": """from slotkeeper.asgi import application  # noqa: F401 (first: it sets Django up)
+from slotkeeper import consumers
+
+consumers.COALESCE_S = 0.05
+""",
+    # Not a fix: the project as it is, under cProfile, each Daphne writing its profile when it stops (how the
+    # costs per console message in BENCHMARKS.md were found). Read with pstats.
+    "bench_ws_profile.py": """import atexit
+import cProfile
+import os
+
+from slotkeeper.asgi import application  # noqa: F401
+
+os.makedirs("/tmp/slotkeeper_bench_ws_profile", exist_ok=True)
+_profile = cProfile.Profile()
+_profile.enable()
+
+
+@atexit.register
+def _dump():
+    _profile.disable()
+    _profile.dump_stats(f"/tmp/slotkeeper_bench_ws_profile/daphne-{os.getpid()}.prof")
+""",
 }
 
 
@@ -287,6 +311,8 @@ VARIANTS = {
         Variant(
             "hub", "slotkeeper.settings", "bench_ws_hub", "variant 3: one group member per process (a hub)"
         ),
+        Variant("window50", "slotkeeper.settings", "bench_ws_window", "the project with a 50 ms window"),
+        Variant("profile", "slotkeeper.settings", "bench_ws_profile", "the project under cProfile"),
     )
 }
 
@@ -401,7 +427,12 @@ class Console:
                 if self.pong is not None and not self.pong.done():
                     self.pong.set_result(time.perf_counter())
                 continue
-            events = json.loads(raw).get("events") or []
+            message = json.loads(raw)
+            changed = message.get("changed")
+            if changed is not None:  # grouped by kind (slotkeeper/livewire.py)
+                events = [e for items in changed.values() for e in items]
+            else:  # one list, as before (the old variants, main before issue 13 item 6)
+                events = message.get("events") or []
             if events:
                 self.last = now
                 tally = self.tallies.setdefault(events[0]["seq"] // PHASE, Tally())
@@ -447,6 +478,158 @@ async def ping_while(consoles: list[Console], done: asyncio.Event) -> list[float
     return rtts
 
 
+class LocalClients:
+    """The consoles in this process's loop (the benchmark as it was first written, and its default)."""
+
+    def __init__(self, consoles: list[Console]) -> None:
+        self.consoles = consoles
+        self.pids: list[int] = []
+        self.pinger: asyncio.Task | None = None
+        self.done = asyncio.Event()
+
+    async def ping_all(self, rounds: int) -> list[float]:
+        return await ping_all(self.consoles, rounds)
+
+    def start_pinging(self) -> None:
+        self.done = asyncio.Event()
+        self.pinger = asyncio.create_task(ping_while(self.consoles, self.done))
+
+    async def stop_pinging(self) -> list[float]:
+        self.done.set()
+        assert self.pinger is not None
+        return await self.pinger
+
+    async def last(self) -> float:
+        return max(c.last for c in self.consoles)
+
+    async def tally(self, index: int, sent: int) -> dict:
+        return tally(self.consoles, index, sent)
+
+    async def close(self) -> None:
+        for c in self.consoles:
+            await c.ws.close()
+
+
+def tally(consoles: list[Console], index: int, sent_count: int) -> dict:
+    sent = set(range(index * PHASE, index * PHASE + sent_count))
+    tallies = [c.tallies.get(index, Tally()) for c in consoles]
+    return {
+        "latencies": [x * 1000 for t in tallies for x in t.latencies],
+        "messages": sum(t.messages for t in tallies),
+        "lost": sum(len(sent - t.seen) for t in tallies),
+        "received": sum(len(t.seen & sent) for t in tallies),
+        "delivering": sum(t.last - t.first for t in tallies),
+        "clients": len(tallies),
+    }
+
+
+class WorkerClients:
+    """The consoles spread over processes of their own (`--client-procs N`): each reads and parses its share in a
+    loop of its own, so one loop's queue of 100 sockets is not in the latency, and the clients can use both cores.
+    They still share the two cores with Daphne, Redis and the producer. Driven by one-line commands on stdin."""
+
+    def __init__(self, procs: list[asyncio.subprocess.Process]) -> None:
+        self.procs = procs
+        self.pids = [p.pid for p in procs]
+
+    @classmethod
+    async def start(cls, count: int, ports: list[int], sessions: list[str]) -> WorkerClients:
+        procs = []
+        for w in range(count):
+            share = [(ports[i % len(ports)], s) for i, s in enumerate(sessions) if i % count == w]
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                __file__,
+                "--clients-worker",
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                limit=1 << 26,
+            )
+            assert proc.stdin is not None
+            proc.stdin.write((json.dumps(share) + "\n").encode())
+            procs.append(proc)
+        self = cls(procs)
+        await asyncio.gather(*(self.answer(p) for p in procs))  # each says it opened its consoles
+        return self
+
+    async def answer(self, proc: asyncio.subprocess.Process) -> dict:
+        assert proc.stdout is not None
+        line = await proc.stdout.readline()
+        if not line:
+            raise SystemExit("a client worker exited early")
+        return json.loads(line)
+
+    async def ask(self, command: str, procs: list | None = None) -> list[dict]:
+        procs = self.procs if procs is None else procs
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write((command + "\n").encode())
+        return list(await asyncio.gather(*(self.answer(p) for p in procs)))
+
+    async def ping_all(self, rounds: int) -> list[float]:
+        # One console at a time over all of them, as in one process: worker after worker.
+        return [x for p in self.procs for x in (await self.ask(f"ping {rounds}", [p]))[0]["rtts"]]
+
+    def start_pinging(self) -> None:
+        proc = self.procs[0]
+        assert proc.stdin is not None
+        proc.stdin.write(b"pinging\n")
+
+    async def stop_pinging(self) -> list[float]:
+        return (await self.ask("stop-pinging", self.procs[:1]))[0]["rtts"]
+
+    async def last(self) -> float:
+        return max(a["last"] for a in await self.ask("last"))
+
+    async def tally(self, index: int, sent: int) -> dict:
+        parts = await self.ask(f"tally {index} {sent}")
+        out = {"latencies": [x for a in parts for x in a["latencies"]]}
+        for name in ("messages", "lost", "received", "delivering", "clients"):
+            out[name] = sum(a[name] for a in parts)
+        return out
+
+    async def close(self) -> None:
+        await self.ask("close")
+        for p in self.procs:
+            await p.wait()
+
+
+async def clients_worker() -> None:
+    """A client process: opens its share of consoles (a JSON list of [port, session] on the first line of stdin),
+    reads them all, and answers the parent's commands."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=1 << 26)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+
+    def say(obj: dict) -> None:
+        sys.stdout.write(json.dumps(obj) + "\n")
+        sys.stdout.flush()
+
+    share = json.loads(await reader.readline())
+    consoles = list(await asyncio.gather(*(open_console(port, session) for port, session in share)))
+    readers = [asyncio.create_task(c.read()) for c in consoles]
+    local = LocalClients(consoles)
+    say({"opened": len(consoles)})
+    while line := (await reader.readline()).decode().split():
+        command, rest = line[0], [int(x) for x in line[1:]]
+        if command == "ping":
+            say({"rtts": await local.ping_all(rest[0])})
+        elif command == "pinging":
+            local.start_pinging()
+        elif command == "stop-pinging":
+            say({"rtts": await local.stop_pinging()})
+        elif command == "last":
+            say({"last": await local.last()})
+        elif command == "tally":
+            say(await local.tally(rest[0], rest[1]))
+        elif command == "close":
+            await local.close()
+            for r in readers:
+                r.cancel()
+            say({"closed": True})
+            return
+
+
 # --- phases --------------------------------------------------------------------------------------------------------
 
 
@@ -485,7 +668,7 @@ async def run_phase(
     index: int,
     name: str,
     variant: Variant,
-    consoles: list[Console],
+    clients: LocalClients | WorkerClients,
     args: argparse.Namespace,
     pids: dict[str, int],
 ) -> PhaseResult:
@@ -501,50 +684,39 @@ async def run_phase(
         args.database_url,
     ]
     argv += ["--rate", str(args.rate), "--seconds", str(args.seconds), "--first", str(first)]
-    cpu = Cpu({**pids, "clients (this process)": os.getpid()})
+    client_pids = {"clients (this process)": os.getpid()}
+    client_pids |= {f"clients {i}": pid for i, pid in enumerate(clients.pids)}
+    cpu = Cpu({**pids, **client_pids})
     started = time.perf_counter()
     producer = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE)
-    done = asyncio.Event()
-    pinger = asyncio.create_task(ping_while(consoles, done))
+    clients.start_pinging()
     out, _ = await producer.communicate()
-    await quiet(consoles)
-    done.set()
-    pings = await pinger
+    await quiet(clients)
+    pings = await clients.stop_pinging()
+    spent = cpu.spent()
     produced = Produced(**json.loads(out.decode().strip().splitlines()[-1]))
-    result = summarise(index, name, consoles, produced, pings, {**cpu.spent(), "producer": produced.cpu})
+    seen = await clients.tally(index, produced.sent)
+    result = PhaseResult(
+        name=name,
+        produced=produced,
+        latencies=seen["latencies"],
+        messages=seen["messages"],
+        lost=seen["lost"],
+        received=seen["received"],
+        pings=[x * 1000 for x in pings],
+        cpu={**spent, "producer": produced.cpu},
+        delivering=seen["delivering"] / max(1, seen["clients"]),
+    )
     result.wall = time.perf_counter() - started
     return result
 
 
-async def quiet(consoles: list[Console], still: float = 1.0, limit: float = 30.0) -> None:
+async def quiet(clients: LocalClients | WorkerClients, still: float = 1.0, limit: float = 30.0) -> None:
     """Waits until no console has received a batch for `still` seconds: an event that is merely late (queued in
     the channel layer) is then counted as late, not lost."""
     deadline = time.time() + limit
-    while time.time() < deadline and time.time() - max(c.last for c in consoles) < still:
+    while time.time() < deadline and time.time() - await clients.last() < still:
         await asyncio.sleep(0.1)
-
-
-def summarise(
-    index: int,
-    name: str,
-    consoles: list[Console],
-    produced: Produced,
-    pings: list[float],
-    cpu: dict[str, float],
-) -> PhaseResult:
-    sent = set(range(index * PHASE, index * PHASE + produced.sent))
-    tallies = [c.tallies.get(index, Tally()) for c in consoles]
-    return PhaseResult(
-        name=name,
-        produced=produced,
-        latencies=[x * 1000 for t in tallies for x in t.latencies],
-        messages=sum(t.messages for t in tallies),
-        lost=sum(len(sent - t.seen) for t in tallies),
-        received=sum(len(t.seen & sent) for t in tallies),
-        pings=[x * 1000 for x in pings],
-        cpu=cpu,
-        delivering=sum(t.last - t.first for t in tallies) / max(1, len(tallies)),
-    )
 
 
 # --- report --------------------------------------------------------------------------------------------------------
@@ -614,19 +786,30 @@ async def idle_cpu(pids: dict[str, int], seconds: float = 2.0) -> float:
 async def measure(args: argparse.Namespace, variant: Variant, ports: list[int], pids: dict[str, int]) -> str:
     opened = time.perf_counter()
     sessions = args.sessions
-    consoles = await asyncio.gather(*(open_console(ports[i % len(ports)], s) for i, s in enumerate(sessions)))
-    readers = [asyncio.create_task(c.read()) for c in consoles]
-    print(f"  {len(consoles)} consoles signed in and said hello in {time.perf_counter() - opened:.2f} s")
-    rtts = [x * 1000 for x in await ping_all(consoles, 5)]
+    readers: list[asyncio.Task] = []
+    clients: LocalClients | WorkerClients
+    if args.client_procs:
+        clients = await WorkerClients.start(args.client_procs, ports, sessions)
+        where = f"in {args.client_procs} processes of their own"
+    else:
+        consoles = await asyncio.gather(
+            *(open_console(ports[i % len(ports)], s) for i, s in enumerate(sessions))
+        )
+        readers = [asyncio.create_task(c.read()) for c in consoles]
+        clients = LocalClients(list(consoles))
+        where = "in this process"
+    print(
+        f"  {len(sessions)} consoles ({where}) signed in and said hello in {time.perf_counter() - opened:.2f} s"
+    )
+    rtts = [x * 1000 for x in await clients.ping_all(5)]
     print(f"  ping/pong idle, one at a time (ms)  {ms_line(rtts)}  ({len(rtts)} round trips)")
     idle = await idle_cpu(pids)
     print(f"  Daphne CPU idle with the consoles open: {idle:.3f} s per s (all processes)")
     results = []
     for index, name in enumerate(("direct", "commits"), start=1):
-        results.append(await run_phase(index, name, variant, consoles, args, pids))
-        report(results[-1], len(consoles), idle)
-    for c in consoles:
-        await c.ws.close()
+        results.append(await run_phase(index, name, variant, clients, args, pids))
+        report(results[-1], len(sessions), idle)
+    await clients.close()
     for r in readers:
         r.cancel()
     return verdict(results[-1], variant)
@@ -653,14 +836,26 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=None, help="per phase; default 10 (3 with --quick)")
     parser.add_argument("--daphnes", type=int, default=2)
     parser.add_argument(
-        "--variants", default=",".join(VARIANTS), help=f"some of {','.join(VARIANTS)} (default: all)"
+        "--variants",
+        default="project,pubsub,nohop,both,hub",
+        help=f"some of {','.join(VARIANTS)} (default: all but profile)",
     )
+    parser.add_argument(
+        "--client-procs",
+        type=int,
+        default=0,
+        help="run the consoles in N processes of their own (default 0: in this process, as the earlier runs did)",
+    )
+    parser.add_argument("--clients-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--produce", choices=["direct", "commits"], help=argparse.SUPPRESS)
     parser.add_argument("--variant", choices=VARIANTS, default="project", help=argparse.SUPPRESS)
     parser.add_argument("--database-url", help=argparse.SUPPRESS)
     parser.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.seconds = args.seconds or (3.0 if args.quick else 10.0)
+    if args.clients_worker:
+        asyncio.run(clients_worker())
+        return
     if args.produce:
         producer_main(args)
         return

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import itertools
 import logging
 import os
+import threading
+import uuid
 from typing import Any
 
 from asgiref.sync import SyncToAsync, async_to_sync
@@ -26,6 +29,21 @@ _BUFFER = "_slotkeeper_events"
 # The longest a committed write waits for its broadcast. A healthy Redis answers in a millisecond; a layer that
 # hangs (Redis half away, a full capacity) costs the request this much once, never more.
 SEND_TIMEOUT_S = 2.0
+# Every broadcast carries (sender, n), n counting up from 1 in each process, so a console hub can tell a batch that
+# never reached it (the channel layer drops group messages still queued after its `expiry`, or past its `capacity`,
+# without telling anyone) from one that is merely late, and have its consoles resync. The id is made per process
+# id, on first use: Celery's prefork children inherit the module, and two children counting under one id would
+# look like gaps to every hub.
+_sender: tuple[int, str, itertools.count] | None = None
+_sender_lock = threading.Lock()
+
+
+def _number() -> tuple[str, int]:
+    global _sender
+    with _sender_lock:
+        if _sender is None or _sender[0] != os.getpid():
+            _sender = (os.getpid(), f"{os.getpid()}-{uuid.uuid4().hex[:8]}", itertools.count(1))
+        return _sender[1], next(_sender[2])
 
 
 def send_batch(events: list[dict[str, Any]]) -> None:
@@ -41,7 +59,9 @@ def send_batch(events: list[dict[str, Any]]) -> None:
         log.info("broadcast skipped: shutting down", extra={"events": len(events)})
         return
     try:
-        _send_bounded(layer, {"type": "console.event", "events": events}, SEND_TIMEOUT_S)
+        sender, n = _number()
+        message = {"type": "console.event", "events": events, "sender": sender, "n": n}
+        _send_bounded(layer, message, SEND_TIMEOUT_S)
     except Exception:
         log.warning("broadcast failed", extra={"events": len(events)}, exc_info=True)
 

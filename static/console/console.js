@@ -2,7 +2,8 @@
 // its own fragment (hx-trigger="<event> from:body"). On (re)connect the page first subscribes, then re-fetches
 // everything ("resync"), so nothing that changed while disconnected is missed. When the socket is down (closed
 // with 4013 while Redis is away, or the server is gone), a 5 s polling fallback triggers the same resync; it
-// stops once the server says hello again.
+// stops once the server says hello again. Batches are numbered: a page that sees a number skipped missed a batch and
+// resyncs the same way.
 //
 // A fragment is morphed into the page (idiomorph), not swapped whole, and not at all when it renders the same
 // bytes as the last one: a re-render used to replace the element the operator was on, dropping focus to <body>
@@ -15,6 +16,7 @@
   let retry = 0;
   let pollTimer = null;
   let lastUpdate = null;
+  let lastSeq = null;  // the number of the last batch heard (slotkeeper/livewire.py)
   const $ = (id) => document.getElementById(id);
   // The longest wait between reconnection attempts: a console comes back within this of Redis returning.
   const MAX_RETRY_MS = 8000;
@@ -60,6 +62,7 @@
     if (!document.querySelector("[data-live]")) return;
     const scheme = location.protocol === "https:" ? "wss" : "ws";
     socket = new WebSocket(scheme + "://" + location.host + "/ws/console/");
+    lastSeq = null;  // numbers belong to one socket's hub: a new socket starts from its hello
     // Subscribed only when the server says hello: a socket the server accepts and then closes with 4013 (the
     // channel layer is away) must not count as back, or every console would retry twice a second.
     socket.onmessage = function (msg) {
@@ -67,18 +70,29 @@
       try { data = JSON.parse(msg.data); } catch (e) { return; }
       if (data.event === "hello") {
         retry = 0;
+        lastSeq = typeof data.seq === "number" ? data.seq : null;
         stopPolling();
         document.body.dataset.liveHellos = String(Number(document.body.dataset.liveHellos || 0) + 1);
         if (!paused) setState("live", "ok");
         resync();
         return;
       }
-      const events = data.event === "batch" ? data.events : [data];
-      const seen = new Set();
-      for (const ev of events) {
-        if (!ev.event || ev.event === "hello" || seen.has(ev.event)) continue;
-        seen.add(ev.event);
-        fire(ev.event, ev);
+      if (data.event !== "batch") return;
+      // The hub numbers its batches; a number that does not follow the last one means a batch never reached this
+      // page (the channel layer dropped a broadcast, or the server skipped this socket while it lagged). Which
+      // fragments it would have touched is unknown, so re-fetch them all.
+      if (typeof data.seq === "number") {
+        const gap = lastSeq !== null && data.seq !== lastSeq + 1;
+        lastSeq = data.seq;
+        if (gap) {
+          document.body.dataset.liveGaps = String(Number(document.body.dataset.liveGaps || 0) + 1);
+          resync();
+          return;
+        }
+      }
+      const changed = data.changed || {};
+      for (const kind of Object.keys(changed)) {
+        if (kind !== "hello") fire(kind, { items: changed[kind] });
       }
     };
     socket.onclose = function (ev) {

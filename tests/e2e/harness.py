@@ -295,7 +295,9 @@ class ConsoleSocket:
             if message.get("event") == "hello":
                 self.hellos += 1
             elif message.get("event") == "batch":
-                self.events.extend(message["events"])
+                # Events come grouped by kind (slotkeeper/livewire.py): put each back as {"event": kind, ...}.
+                for kind, items in (message.get("changed") or {}).items():
+                    self.events.extend({"event": kind, **item} for item in items)
 
 
 # -- the cluster ---------------------------------------------------------------------------------------------
