@@ -445,6 +445,7 @@ def _plan_intents(plan: Planning) -> list[int]:
     intents = list(
         Lease.objects.filter(state=LeaseState.NEW)
         .select_related("submitted_by")
+        .select_for_update(of=("self",))
         .order_by("submitted_at", "id")[:MAX_BATCH]
     )
     if not intents:
@@ -535,7 +536,14 @@ def await_decision(lease_id: int, now: datetime) -> None:
         # A pass run after a wait plans at the time it runs, not at the time the request came in.
         at = now + timedelta(seconds=time.monotonic() - began) if time.monotonic() - began > 0.05 else now
         if time.monotonic() >= deadline:
-            with planning(at):
+            try:
+                with planning(at):
+                    continue
+            except planlock.PlanBusy:
+                # Answered 503 "try again", the request must have changed nothing: withdraw the intent, unless
+                # a pass has taken it meanwhile (passes lock the intents they plan, so this waits for that one).
+                if Lease.objects.filter(pk=lease_id, state=LeaseState.NEW).delete()[0]:
+                    raise
                 continue
         if _try_pass(at):
             continue

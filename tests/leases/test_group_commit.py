@@ -21,17 +21,11 @@ from fleet.models import PlacementReport
 from leases import actions, store
 from leases.lifecycle import TERMINAL_LEASE_STATES, LeaseState
 from leases.models import Lease, PlanVersion, SchedulerState
-from slotkeeper import planlock, planwake
+from slotkeeper import planlock
 from slotkeeper.models import AuditEntry
 from tests.conftest import requires_postgres
 from tests.leases.conftest import vm
 from tests.leases.invariants import overcommitted_instants
-
-
-@pytest.fixture(autouse=True)
-def _no_listener_left():
-    yield
-    planwake.stop()  # its connection would keep the test database from being dropped
 
 
 def intent(name: str, now, *, type="best_effort", cores=1, count=1, start=None) -> Lease:
