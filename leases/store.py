@@ -520,9 +520,10 @@ _pass_turn = threading.Lock()
 def await_decision(lease_id: int, now: datetime) -> None:
     """Returns once a planning pass has decided the lease request `lease_id` (stored in state `new`): whoever holds
     the plan lock plans every waiting request, so this caller either runs that pass itself (the lock was free) or
-    sleeps until a pass commits (planwake) and looks again. Bounded: past PLAN_LOCK_TIMEOUT_S it waits for the
-    lock as every other writer does, and gets PlanBusy (503) if even that times out; the request stays stored and
-    the next pass (the tick's at the latest) decides it."""
+    sleeps until a pass commits (planwake) and looks again. Bounded: when no pass has committed for
+    PLAN_LOCK_TIMEOUT_S it waits for the lock as every other writer does, and if even that times out it withdraws
+    the request and raises PlanBusy (503). While passes keep committing it keeps waiting: intents are planned
+    oldest first, so its turn comes within (requests ahead / MAX_BATCH) passes."""
     if transaction.get_connection().in_atomic_block:
         # Inside a caller's transaction the intent is invisible to other processes: plan it here, in it.
         with planning(now):
@@ -551,7 +552,8 @@ def await_decision(lease_id: int, now: datetime) -> None:
             # A sleeping waiter gives its pooled connection back: a burst of waiters would otherwise hold every
             # connection of the pool while the pass that would wake them waits for one.
             transaction.get_connection().close()
-        planwake.wait(ticket, min(planwake.FALLBACK_POLL_S, max(0.0, deadline - time.monotonic())))
+        if planwake.wait(ticket, min(planwake.FALLBACK_POLL_S, max(0.0, deadline - time.monotonic()))):
+            deadline = time.monotonic() + planlock.timeout_s()  # a pass committed: the queue is moving
 
 
 def _try_pass(now: datetime) -> bool:

@@ -76,6 +76,27 @@ def test_one_pass_plans_every_waiting_request_with_one_version_and_one_report_ea
     assert overcommitted_instants() == []
 
 
+def test_a_request_the_scheduler_cannot_take_is_rejected_alone_and_the_batch_goes_on(fleet, monkeypatch):
+    now = timezone.now()
+    bad, good = intent("bad", now), intent("good", now)
+    real = store.request_of
+
+    def request_of(lease, *args):
+        if lease.name == "bad":
+            raise ValueError("a vnode of no size")
+        return real(lease, *args)
+
+    monkeypatch.setattr(store, "request_of", request_of)
+    with store.planning(now):
+        pass
+    bad.refresh_from_db()
+    good.refresh_from_db()
+    assert bad.state == LeaseState.REJECTED and "a vnode of no size" in bad.message
+    assert good.state == LeaseState.ACTIVE
+    report = PlacementReport.objects.get(subject=f"lease:{bad.pk}")
+    assert report.outcome == "rejected" and report.rows == []
+
+
 def test_a_cancel_or_the_tick_also_plans_the_waiting_requests(fleet):
     now = timezone.now()
     waiting = intent("waits", now)
