@@ -370,7 +370,14 @@ def _planning(now: datetime, *, try_lock: bool = False) -> Iterator[Planning]:
         state.save(update_fields=["version", "next_rid", *forecasting.STATE_FIELDS])
         version = state.version
         # What this version touched, so a process whose cached scheduler is behind re-reads only those leases.
-        PlanVersion.objects.create(version=version, leases=sorted(touched))
+        # An upsert: were the SchedulerState row ever recreated, its versions would start again from 1, and a
+        # leftover row must not fail every pass from then on.
+        PlanVersion.objects.bulk_create(
+            [PlanVersion(version=version, leases=sorted(touched))],
+            update_conflicts=True,
+            unique_fields=["version"],
+            update_fields=["leases"],
+        )
         if version % PRUNE_EVERY == 0:
             PlanVersion.objects.filter(version__lte=version - PLAN_VERSIONS_KEPT).delete()
         planwake.announce(version)
