@@ -564,7 +564,10 @@ def main() -> None:
         help="submitting threads in each in-process worker (more than 1 lets the group commit batch)",
     )
     parser.add_argument(
-        "--only", choices=["in-process", "http", "batched"], default=None, help="run one variant"
+        "--only",
+        choices=["in-process", "threads", "http", "batched"],
+        default=None,
+        help="run one variant (threads: only in-process x W x T)",
     )
     parser.add_argument(
         "--batched", type=int, default=0, metavar="B", help="also the group-commit ceiling, B requests a pass"
@@ -597,14 +600,14 @@ def main() -> None:
                 profile(asks[: args.profile], keep)
         return
     variants: list[tuple[str, Callable[[], Burst]]] = []
+    counts = [args.workers] if args.quick or args.workers == 1 else [1, args.workers]
     if args.only in (None, "in-process"):
-        counts = [args.workers] if args.quick or args.workers == 1 else [1, args.workers]
         variants += [(f"in-process x{w}", lambda w=w: in_process(url, asks, w)) for w in counts]
-        if args.threads > 1:
-            variants += [
-                (f"in-process x{w}x{args.threads}t", lambda w=w: in_process(url, asks, w, args.threads))
-                for w in counts
-            ]
+    if args.only in (None, "in-process", "threads") and args.threads > 1:
+        variants += [
+            (f"in-process x{w}x{args.threads}t", lambda w=w: in_process(url, asks, w, args.threads))
+            for w in counts
+        ]
     if args.only in (None, "http"):
         variants.append(
             (f"http x{args.workers}", lambda: over_http(url, asks, token, args.workers, args.connections))
