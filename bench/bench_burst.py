@@ -18,6 +18,8 @@ Variants, each from the same fleet:
 
 - in-process x W: W worker processes (default 2; the full run also measures 1) each call `do_submit_lease` for
   every W-th request, all released together. No HTTP; what the plan applier and the database allow.
+  With `--threads T` also in-process x W x T: each worker submits from T threads, so up to W x T requests wait
+  at once and the plan applier's group commit can plan them in one pass.
 - http x 2: two Daphne processes (the distributed deployment's shape) receive `POST /api/leases/` from a pool of
   keep-alive connections (the asyncio client of the heartbeat benchmark), all requests queued at once.
 
@@ -34,7 +36,7 @@ query of the concurrency tests (`tests/leases/invariants.py`), which must return
 worker) and once with it dropped before every call (what each of two alternating workers sees: the other one's
 commit bumped the version), and prints the top functions and queries per submission.
 
-    .venv/bin/python bench/bench_burst.py [--quick] [--nodes 1000] [--leases 10000] [--workers 2] [--only VARIANT] [--batched B] [--profile N]
+    .venv/bin/python bench/bench_burst.py [--quick] [--nodes 1000] [--leases 10000] [--workers 2] [--threads T] [--only VARIANT] [--batched B] [--profile N]
 """
 
 from __future__ import annotations
@@ -276,8 +278,9 @@ def check(requested: int) -> tuple[bool, str]:
 # --- in-process: W processes calling do_submit_lease -------------------------------------------------------------
 
 
-def submit_worker(database_url: str, asks: list[Ask], ready: Barrier, out: Queue) -> None:
-    """One worker process: set Django up, wait for the others, submit its share, report what it measured."""
+def submit_worker(database_url: str, asks: list[Ask], threads: int, ready: Barrier, out: Queue) -> None:
+    """One worker process: set Django up, wait for the others, submit its share from `threads` threads (each one
+    request at a time, as a server thread serves one request), report what it measured."""
     os.environ.update(bench_env(database_url))
     import django
 
@@ -290,30 +293,49 @@ def submit_worker(database_url: str, asks: list[Ask], ready: Barrier, out: Queue
 
     actor = get_user_model().objects.get(username=OPERATOR)
     burst = Burst()
+    lock = threading.Lock()
+
+    def run(share: list[Ask]) -> None:
+        for ask in share:
+            t = time.perf_counter()
+            now = timezone.now()
+            spec = actions.LeaseSpec(
+                name=ask.name,
+                type=ask.type,
+                duration_s=ask.duration_s,
+                vnodes=ask.nodes(),
+                start=ask.start(now),
+            )
+            try:
+                done = actions.do_submit_lease(actor, spec, now=now)
+                outcome = "accepted" if done.decision.accepted else "rejected"
+            except Exception as exc:  # a failed request is counted and shown, not allowed to stop the burst
+                outcome = type(exc).__name__
+            with lock:
+                burst.answers[outcome] += 1
+                burst.latencies.append(time.perf_counter() - t)
+        connections.close_all()
+
     ready.wait()
     cpu = time.process_time()
-    for ask in asks:
-        t = time.perf_counter()
-        now = timezone.now()
-        spec = actions.LeaseSpec(
-            name=ask.name, type=ask.type, duration_s=ask.duration_s, vnodes=ask.nodes(), start=ask.start(now)
-        )
-        try:
-            done = actions.do_submit_lease(actor, spec, now=now)
-            burst.answers["accepted" if done.decision.accepted else "rejected"] += 1
-        except Exception as exc:  # a failed request is counted and shown, not allowed to stop the burst
-            burst.answers[type(exc).__name__] += 1
-        burst.latencies.append(time.perf_counter() - t)
+    if threads == 1:
+        run(asks)
+    else:
+        pool = [threading.Thread(target=run, args=(asks[k::threads],)) for k in range(threads)]
+        for th in pool:
+            th.start()
+        for th in pool:
+            th.join()
     burst.cpu_s = time.process_time() - cpu
     connections.close_all()
     out.put(burst)
 
 
-def in_process(database_url: str, asks: list[Ask], workers: int) -> Burst:
+def in_process(database_url: str, asks: list[Ask], workers: int, threads: int = 1) -> Burst:
     ctx = mp.get_context("spawn")
     ready, out = ctx.Barrier(workers + 1), ctx.Queue()
     procs = [
-        ctx.Process(target=submit_worker, args=(database_url, asks[k::workers], ready, out))
+        ctx.Process(target=submit_worker, args=(database_url, asks[k::workers], threads, ready, out))
         for k in range(workers)
     ]
     for p in procs:
@@ -536,7 +558,16 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="submitting processes in every variant")
     parser.add_argument("--connections", type=int, default=32, help="HTTP keep-alive connections")
     parser.add_argument(
-        "--only", choices=["in-process", "http", "batched"], default=None, help="run one variant"
+        "--threads",
+        type=int,
+        default=1,
+        help="submitting threads in each in-process worker (more than 1 lets the group commit batch)",
+    )
+    parser.add_argument(
+        "--only",
+        choices=["in-process", "threads", "http", "batched"],
+        default=None,
+        help="run one variant (threads: only in-process x W x T)",
     )
     parser.add_argument(
         "--batched", type=int, default=0, metavar="B", help="also the group-commit ceiling, B requests a pass"
@@ -545,6 +576,9 @@ def main() -> None:
         "--profile", type=int, default=0, metavar="N", help="profile N sequential submissions"
     )
     args = parser.parse_args()
+    # The connection pool keeps connections open after close_all(), and copying the fleet's template database
+    # needs none open: the benchmark runs without it (DB_POOL=0) unless told otherwise.
+    os.environ.setdefault("DB_POOL", "0")
     nodes = args.nodes or (100 if args.quick else 1000)
     count = args.leases or (1000 if args.quick else 10_000)
     asks = workload(count)
@@ -566,9 +600,14 @@ def main() -> None:
                 profile(asks[: args.profile], keep)
         return
     variants: list[tuple[str, Callable[[], Burst]]] = []
+    counts = [args.workers] if args.quick or args.workers == 1 else [1, args.workers]
     if args.only in (None, "in-process"):
-        counts = [args.workers] if args.quick or args.workers == 1 else [1, args.workers]
         variants += [(f"in-process x{w}", lambda w=w: in_process(url, asks, w)) for w in counts]
+    if args.only in (None, "in-process", "threads") and args.threads > 1:
+        variants += [
+            (f"in-process x{w}x{args.threads}t", lambda w=w: in_process(url, asks, w, args.threads))
+            for w in counts
+        ]
     if args.only in (None, "http"):
         variants.append(
             (f"http x{args.workers}", lambda: over_http(url, asks, token, args.workers, args.connections))

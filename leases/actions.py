@@ -19,7 +19,7 @@ from fleet.capacity import BLIND, PERMANENT
 from fleet.models import PlacementReport, SweepState
 from leases import reads, store, vnodes
 from leases.alerts import raise_alert, resolve_open
-from leases.lifecycle import IllegalTransition
+from leases.lifecycle import IllegalTransition, LeaseState
 from leases.models import Alert, Group, Lease, SchedulerState
 from leases.scheduler import Decision, LeaseRequest
 from slotkeeper import audit, events, metrics
@@ -76,9 +76,14 @@ class Submitted:
 
 
 def do_submit_lease(actor, spec: LeaseSpec, *, now: datetime) -> Submitted:
-    """Stores the lease and schedules it at once: an AR gets its window or is rejected, an immediate lease runs now
-    or is rejected, a best-effort lease is queued and started as soon as the queue allows."""
-    with store.planning(now) as plan:
+    """Stores the lease and has it scheduled before answering: an AR gets its window or is rejected, an immediate
+    lease runs now or is rejected, a best-effort lease is queued and started as soon as the queue allows.
+
+    Group commit (docs/group-commit.md): the request is stored first, in a short transaction of its own (a lease
+    in state `new`, an intent), and then decided by whichever planning pass comes next, which plans every waiting
+    request at once; this call runs that pass itself when the plan lock is free, and otherwise sleeps until a
+    pass commits. Either way it answers with its own lease's decision and report."""
+    with transaction.atomic():
         lease = Lease.objects.create(
             name=spec.name,
             type=spec.type,
@@ -94,40 +99,15 @@ def do_submit_lease(actor, spec: LeaseSpec, *, now: datetime) -> Submitted:
         )
         if spec.groups:
             lease.groups.set(Group.objects.filter(name__in=spec.groups))
-        groups = reads.lease_groups(lease) if spec.groups else []
-        request = store.request_of(lease, groups, plan.nodes)
-        decision = plan.scheduler.submit(request, plan.t, plan.excluded)
-        lease.message = decision.message
-        lease.save(update_fields=["message"])
-        report = _report(plan, lease, decision, actor)
-        if not decision.accepted:
-            raise_alert(
-                "failed_placement",
-                f"lease {lease.pk} {lease.name} ({lease.type}) was rejected: {decision.message}",
-                now,
-                lease=lease,
-            )
-        audit.record(
-            at=now,
-            actor=actor,
-            action="lease.submit",
-            target=lease,
-            details={"type": spec.type, "accepted": decision.accepted, "message": decision.message},
-        )
-        events.send_on_commit("lease-changed", lease=lease.pk)
-    metrics.inc("slotkeeper_lease_submissions_total", type=spec.type, accepted=str(decision.accepted).lower())
-    metrics.inc(
-        "slotkeeper_placements_total", kind="lease", outcome="placed" if decision.accepted else "rejected"
-    )
+    store.await_decision(lease.pk, now)
     lease.refresh_from_db()
+    # The report the pass wrote when it decided this request: the first one about the lease (a later pass may add
+    # "placed by the queue" reports, which are not this request's answer).
+    report = PlacementReport.objects.filter(subject=f"lease:{lease.pk}").order_by("id").first()
+    assert report is not None, f"lease {lease.pk} was decided without a report"
+    accepted = report.outcome != "rejected"
+    decision = Decision(accepted, lease.pk, LeaseState(lease.state), report.message)
     return Submitted(lease, decision, report)
-
-
-def _report(plan: store.Planning, lease: Lease, decision: Decision, actor) -> PlacementReport:
-    plan.reported.add(lease.pk)
-    row = store.placement_report(plan, lease.pk, message=decision.message, requested_by=actor_label(actor))
-    row.save()
-    return row
 
 
 # The probe of a preview is no lease: an id no lease can have.

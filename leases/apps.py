@@ -38,4 +38,15 @@ def lease_gauges():
         rows.append(("slotkeeper_last_tick_duration_seconds", {}, state.last_tick_s))
     if state is not None:
         rows.append(("slotkeeper_tick_failures_in_a_row", {}, state.tick_failures))
+    # The plan queue (group commit): requests stored and waiting for a pass, fleet-wide; this process's last
+    # pass (how many requests it planned, how long it took) and its largest batch. Totals are counters:
+    # slotkeeper_plan_passes_total, slotkeeper_plan_pass_seconds_total, slotkeeper_plan_batched_requests_total.
+    from leases import store
+    from leases.lifecycle import LeaseState
+
+    waiting = next((n for name, labels, n in rows if labels.get("state") == LeaseState.NEW), 0)
+    rows.append(("slotkeeper_plan_queue_depth", {}, waiting))
+    rows.append(("slotkeeper_plan_batch_size_last", {}, store.pass_stats.last_batch))
+    rows.append(("slotkeeper_plan_batch_size_max", {}, store.pass_stats.max_batch))
+    rows.append(("slotkeeper_plan_pass_seconds_last", {}, store.pass_stats.last_seconds))
     return rows

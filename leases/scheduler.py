@@ -96,6 +96,13 @@ class Scheduler(Explaining):
             return self._submit_best_effort(rec, now, defer)
         return self._submit_fixed(rec, now)
 
+    def run_queue(self, now: float) -> None:
+        """Process the queue once after a batch of `submit(..., defer=True)` calls (the plan applier's group
+        commit hands in every waiting request of a pass first, at one `now`)."""
+        self._now = max(self._now, now)
+        self._process_queue(now)
+        self._run_events(now)
+
     def cancel(self, lease_id: int, now: float) -> Decision:
         """Cancel a lease: the VMs stop now and the rest of its plan is dropped. IllegalTransition if finished."""
         rec = self.leases[lease_id]

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
+import time
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import cached_property
 
 import numpy as np
@@ -32,20 +34,31 @@ from fleet.models import PlacementReport
 from fleet.placement import states_from_rows
 from leases import forecasting, reads, vnodes
 from leases.alerts import raise_alert
-from leases.instance_rows import present_instances, sync_lease_instances
+from leases.instance_rows import present_instances, sync_many
 from leases.lifecycle import TERMINAL_LEASE_STATES, LeaseState
 from leases.models import (
     LIVE_RESERVATION_STATUSES,
     Allocation,
     Lease,
     LeaseEvent,
+    PlanVersion,
     Reservation,
     SchedulerState,
 )
-from leases.scheduler import Change, LeaseRecord, LeaseRequest, ReservationRecord, Scheduler, SchedulerConfig
+from leases.scheduler import (
+    Change,
+    Decision,
+    LeaseRecord,
+    LeaseRequest,
+    ReservationRecord,
+    Scheduler,
+    SchedulerConfig,
+)
 from leases.slottable import Overcommit, Res
-from slotkeeper import audit, events, metrics, planlock
+from slotkeeper import audit, events, metrics, planlock, planwake
+from slotkeeper.audit import actor_label
 from slotkeeper.bulk import update_many
+from slotkeeper.models import AuditEntry
 
 log = logging.getLogger(__name__)
 # Node names per cached scheduler (see Planning.names).
@@ -158,6 +171,29 @@ class _Cache:
 
 _cache = _Cache()
 
+# How far a cached scheduler may be behind and still catch up; further, or with the versions it missed pruned,
+# it reloads. Catching up re-reads the touched leases one version after another's union: past a few hundred
+# versions that union approaches every live lease anyway.
+MAX_CATCH_UP = 200
+# PlanVersion rows kept (pruned every PRUNE_EVERY versions).
+PLAN_VERSIONS_KEPT = 1000
+PRUNE_EVERY = 100
+# The most waiting intents one pass plans: a pass stays bounded however deep the queue, and the rest wait for
+# the next one.
+MAX_BATCH = 500
+
+
+@dataclass
+class CacheStats:
+    """How this process's last pass got its scheduler (tests and /metrics read it)."""
+
+    how: str = ""  # "kept", "caught_up", "reloaded"
+    behind: int = 0  # versions the cache was behind
+    reread: int = 0  # leases re-read by catching up
+
+
+cache_stats = CacheStats()
+
 
 def fleet_fingerprint(nodes: list[capacity.NodeState]) -> tuple:
     """The nodes, their names (messages use them) and their allocatable capacities: a change to any makes a cached
@@ -184,24 +220,51 @@ def load(nodes: list[capacity.NodeState], next_rid: int) -> Scheduler:
         label=live_label,
         node_label=lambda node: names.get(node, f"node {node}"),
     )
-    live = Lease.objects.exclude(state__in=[s.value for s in TERMINAL_LEASE_STATES]).order_by(
-        "submitted_at", "id"
-    )
+    for rec in _records(Lease.objects.all(), nodes):
+        sched.restore(rec)
+    sched.continue_rids_after(next_rid)
+    return sched
+
+
+# A lease in state `new` is an intent: stored, waiting for a planning pass (group commit). No scheduler holds it.
+NOT_PLANNED = [*(s.value for s in TERMINAL_LEASE_STATES), LeaseState.NEW.value]
+
+
+def _records(leases, nodes: list[capacity.NodeState]) -> list[LeaseRecord]:
+    """The scheduler's records of the planned, unfinished leases among `leases`, in the order to restore them."""
+    live = list(leases.exclude(state__in=NOT_PLANNED).order_by("submitted_at", "id"))
     by_lease: dict[int, list[Reservation]] = {}
-    for r in Reservation.objects.filter(lease__in=live).order_by("start", "rid"):
+    for r in Reservation.objects.filter(lease__in=[lease.pk for lease in live]).order_by("start", "rid"):
         by_lease.setdefault(r.lease_id, []).append(r)
-    # Leases with work under way first: what runs is in the table before any plan for later, so that when a node's
-    # capacity has shrunk it is the unstarted plans that no longer fit, and are planned again, never running work.
-    live = list(live)
     groups = reads.groups_by_lease([lease.pk for lease in live])
     records = [
         record_of(lease, by_lease.get(lease.pk, []), groups.get(lease.pk, ()), nodes) for lease in live
     ]
+    # Leases with work under way first: what runs is in the table before any plan for later, so that when a node's
+    # capacity has shrunk it is the unstarted plans that no longer fit, and are planned again, never running work.
     records.sort(key=lambda rec: not any(r.status == "active" for r in rec.reservations))
+    return records
+
+
+def catch_up(sched: Scheduler, lease_ids: set[int], nodes: list[capacity.NodeState]) -> int:
+    """Brings a cached scheduler up to the database by re-reading only the leases that the versions it missed
+    touched (PlanVersion rows), and every lease sharing a group with one of them (a group's spread rules read where
+    its members run). Returns how many leases it re-read.
+
+    Every touched lease is forgotten first and then restored as the database holds it, so the table passes only
+    through states that are subsets of a committed, non-overcommitted plan."""
+    ids = set(lease_ids)
+    if ids:
+        links = Lease.groups.through.objects
+        group_ids = set(links.filter(lease_id__in=ids).values_list("group_id", flat=True))
+        if group_ids:
+            ids |= set(links.filter(group_id__in=group_ids).values_list("lease_id", flat=True))
+    for lease_id in ids:
+        sched.forget(lease_id)
+    records = _records(Lease.objects.filter(pk__in=ids), nodes) if ids else []
     for rec in records:
         sched.restore(rec)
-    sched.continue_rids_after(next_rid)
-    return sched
+    return len(records)
 
 
 def observed_extra(
@@ -273,14 +336,14 @@ class Planning:
 
 
 @contextmanager
-def planning(now: datetime) -> Iterator[Planning]:
+def planning(now: datetime, *, try_lock: bool = False) -> Iterator[Planning]:
     """Lock, load (or reuse) the scheduler, let the caller plan, write the journal back; all in one transaction.
 
     The wait for the lock is bounded (PlanBusy, answered 503). A lease the scheduler cannot make sense of is
     isolated (failed, with an alert) rather than failing the whole pass, so one bad row never stops scheduling.
     """
     try:
-        with _planning(now) as plan:
+        with _planning(now, try_lock=try_lock) as plan:
             yield plan
     except StopIteration as exc:
         # A StopIteration escaping a view never becomes a 500: asyncio refuses to put it in a Future, and the
@@ -292,23 +355,32 @@ def planning(now: datetime) -> Iterator[Planning]:
         raise
 
 
+class LockTaken(Exception):
+    """`planning(..., try_lock=True)` found the plan lock held: another pass is running."""
+
+
 @contextmanager
-def _planning(now: datetime) -> Iterator[Planning]:
+def _planning(now: datetime, *, try_lock: bool = False) -> Iterator[Planning]:
+    started = time.perf_counter()
     with transaction.atomic():
-        planlock.take()
+        if try_lock:
+            if not planlock.try_take():
+                raise LockTaken
+        else:
+            planlock.take()
         state, _ = SchedulerState.objects.select_for_update().get_or_create(pk=1)
         nodes = states_from_rows(now)
         fingerprint = fleet_fingerprint(nodes)
         cached: _Cached | None = getattr(_cache, "value", None)
         _cache.value = None  # until this transaction commits, nothing in memory can be trusted
-        if cached and cached.version == state.version and cached.fingerprint == fingerprint:
-            sched = cached.scheduler
-        else:
-            sched = load(nodes, state.next_rid)
+        sched = _current_scheduler(cached, state, nodes, fingerprint)
         plan = Planning(scheduler=sched, now=now, excluded=excluded_nodes(nodes), nodes=nodes)
         sched.settle(plan.t)
         sched.replaced = []  # set again by this pass's advance(), if it runs one
         sched.observe(*observed_extra(nodes, sched, plan.t, plan.excluded))
+        # Group commit: every pass, whoever runs it (a submission, a cancel, an approval, the tick), first plans
+        # every lease request that waits, so a burst of requests costs one pass, not one pass each.
+        batch = _plan_intents(plan)
         yield plan
         changes = sched.take_changes()
         touched = apply(sched, changes)
@@ -322,13 +394,211 @@ def _planning(now: datetime) -> Iterator[Planning]:
         state.next_rid = sched.next_rid
         state.save(update_fields=["version", "next_rid", *forecasting.STATE_FIELDS])
         version = state.version
+        # What this version touched, so a process whose cached scheduler is behind re-reads only those leases.
+        # An upsert: were the SchedulerState row ever recreated, its versions would start again from 1, and a
+        # leftover row must not fail every pass from then on.
+        PlanVersion.objects.bulk_create(
+            [PlanVersion(version=version, leases=sorted(touched))],
+            update_conflicts=True,
+            unique_fields=["version"],
+            update_fields=["leases"],
+        )
+        if version % PRUNE_EVERY == 0:
+            PlanVersion.objects.filter(version__lte=version - PLAN_VERSIONS_KEPT).delete()
+        planwake.announce(version)
 
         def keep():
             _cache.value = _Cached(version, fingerprint, sched)
 
         transaction.on_commit(keep)
+        # Counted when the pass's work is done (before its commit, which a caller's outer transaction may hold).
+        took = time.perf_counter() - started
+        metrics.inc("slotkeeper_plan_passes_total")
+        metrics.inc("slotkeeper_plan_pass_seconds_total", took)
+        metrics.inc("slotkeeper_plan_batched_requests_total", len(batch))
+        pass_stats.record(len(batch), took)
         if touched:
             events.send_on_commit("slots-changed", leases=sorted(touched)[:50])
+
+
+@dataclass
+class PassStats:
+    """This process's recent passes, for /metrics: the last pass's batch size and time, and the largest batch."""
+
+    last_batch: int = 0
+    max_batch: int = 0
+    last_seconds: float = 0.0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def record(self, batch: int, seconds: float) -> None:
+        with self._lock:
+            self.last_batch, self.last_seconds = batch, seconds
+            self.max_batch = max(self.max_batch, batch)
+
+
+pass_stats = PassStats()
+
+
+def _current_scheduler(
+    cached: _Cached | None, state: SchedulerState, nodes: list[capacity.NodeState], fingerprint: tuple
+) -> Scheduler:
+    """The cached scheduler if it is current, caught up if it is a little behind, else a fresh load."""
+    behind = state.version - cached.version if cached is not None else -1
+    if cached is not None and cached.fingerprint == fingerprint and 0 <= behind <= MAX_CATCH_UP:
+        if behind == 0:
+            _note_cache("kept", 0, 0)
+            return cached.scheduler
+        missed = list(
+            PlanVersion.objects.filter(version__gt=cached.version, version__lte=state.version).values_list(
+                "leases", flat=True
+            )
+        )
+        if len(missed) == behind:  # none pruned
+            sched = cached.scheduler
+            reread = catch_up(sched, {lease_id for ids in missed for lease_id in ids}, nodes)
+            sched.continue_rids_after(state.next_rid)
+            _note_cache("caught_up", behind, reread)
+            return sched
+    _note_cache("reloaded", behind, 0)
+    return load(nodes, state.next_rid)
+
+
+def _note_cache(how: str, behind: int, reread: int) -> None:
+    cache_stats.how, cache_stats.behind, cache_stats.reread = how, behind, reread
+    metrics.inc("slotkeeper_scheduler_cache_total", how=how)
+    if reread:
+        metrics.inc("slotkeeper_scheduler_caught_up_leases_total", reread)
+
+
+def _plan_intents(plan: Planning) -> list[int]:
+    """Plans every waiting lease request (state `new`, oldest first, at most MAX_BATCH) at the pass's one `now`:
+    each submitted with the queue deferred, the queue processed once, then each request's decision written where
+    its waiter reads it (the lease's message and state, its placement report), with its audit row and alert."""
+    intents = list(
+        Lease.objects.filter(state=LeaseState.NEW)
+        .select_related("submitted_by")
+        .select_for_update(of=("self",))
+        .order_by("submitted_at", "id")[:MAX_BATCH]
+    )
+    if not intents:
+        return []
+    sched = plan.scheduler
+    groups = reads.groups_by_lease([lease.pk for lease in intents])
+    decided: list[tuple[Lease, Decision]] = []
+    for lease in intents:
+        try:
+            request = request_of(lease, groups.get(lease.pk, ()), plan.nodes)
+            decided.append((lease, sched.submit(request, plan.t, plan.excluded, defer=True)))
+        except Exception as exc:
+            # One request the scheduler cannot take must not fail every other request of the batch (or, left
+            # `new`, fail every pass after it): it is rejected with the reason, and the rest go on.
+            sched.forget(lease.pk)
+            log.exception("lease request could not be planned", extra={"lease": lease.pk})
+            _reject_unplannable(
+                lease, f"the scheduler could not plan it: {type(exc).__name__}: {exc}", plan.now
+            )
+    sched.run_queue(plan.t)
+    reports, audits = [], []
+    for lease, decision in decided:
+        lease.message = sched.describe(lease.pk) if decision.accepted else decision.message
+        plan.reported.add(lease.pk)
+        reports.append(
+            placement_report(
+                plan, lease.pk, message=lease.message, requested_by=actor_label(lease.submitted_by)
+            )
+        )
+        audits.append(
+            audit.entry(
+                at=plan.now,
+                actor=lease.submitted_by,
+                action="lease.submit",
+                target=lease,
+                details={"type": lease.type, "accepted": decision.accepted, "message": decision.message},
+            )
+        )
+        if not decision.accepted:
+            raise_alert(
+                "failed_placement",
+                f"lease {lease.pk} {lease.name} ({lease.type}) was rejected: {decision.message}",
+                plan.now,
+                lease=lease,
+            )
+        events.send_on_commit("lease-changed", lease=lease.pk)
+        accepted = str(decision.accepted).lower()
+        metrics.inc("slotkeeper_lease_submissions_total", type=lease.type, accepted=accepted)
+        outcome = "placed" if decision.accepted else "rejected"
+        metrics.inc("slotkeeper_placements_total", kind="lease", outcome=outcome)
+    update_many([lease for lease, _ in decided], ["message"])
+    PlacementReport.objects.bulk_create(reports)
+    AuditEntry.objects.bulk_create(audits)
+    return [lease.pk for lease in intents]
+
+
+def _reject_unplannable(lease: Lease, reason: str, now: datetime) -> None:
+    LeaseEvent.objects.create(lease=lease, at=now, from_state=lease.state, to_state=LeaseState.REJECTED)
+    Lease.objects.filter(pk=lease.pk).update(state=LeaseState.REJECTED, message=reason[:2000])
+    PlacementReport.objects.create(
+        created_at=now, subject=f"lease:{lease.pk}", request={"type": lease.type}, outcome="rejected",
+        message=reason[:2000], requested_by=actor_label(lease.submitted_by),
+    )  # fmt: skip
+    audit.record(at=now, actor=lease.submitted_by, action="lease.submit", target=lease, reason=reason[:500])
+    raise_alert("failed_placement", f"lease {lease.pk} {lease.name}: {reason}"[:2000], now, lease=lease)
+
+
+# Threads of one process take turns at running a pass for the waiting requests; the others wait to be woken.
+_pass_turn = threading.Lock()
+
+
+def await_decision(lease_id: int, now: datetime) -> None:
+    """Returns once a planning pass has decided the lease request `lease_id` (stored in state `new`): whoever holds
+    the plan lock plans every waiting request, so this caller either runs that pass itself (the lock was free) or
+    sleeps until a pass commits (planwake) and looks again. Bounded: when no pass has committed for
+    PLAN_LOCK_TIMEOUT_S it waits for the lock as every other writer does, and if even that times out it withdraws
+    the request and raises PlanBusy (503). While passes keep committing it keeps waiting: intents are planned
+    oldest first, so its turn comes within (requests ahead / MAX_BATCH) passes."""
+    if transaction.get_connection().in_atomic_block:
+        # Inside a caller's transaction the intent is invisible to other processes: plan it here, in it.
+        with planning(now):
+            return
+    began = time.monotonic()
+    deadline = began + planlock.timeout_s()
+    while True:
+        ticket = planwake.ticket()
+        if not Lease.objects.filter(pk=lease_id, state=LeaseState.NEW).exists():
+            return
+        # A pass run after a wait plans at the time it runs, not at the time the request came in.
+        at = now + timedelta(seconds=time.monotonic() - began) if time.monotonic() - began > 0.05 else now
+        if time.monotonic() >= deadline:
+            try:
+                with planning(at):
+                    continue
+            except planlock.PlanBusy:
+                # Answered 503 "try again", the request must have changed nothing: withdraw the intent, unless
+                # a pass has taken it meanwhile (passes lock the intents they plan, so this waits for that one).
+                if Lease.objects.filter(pk=lease_id, state=LeaseState.NEW).delete()[0]:
+                    raise
+                continue
+        if _try_pass(at):
+            continue
+        if getattr(settings, "DB_POOL", False):
+            # A sleeping waiter gives its pooled connection back: a burst of waiters would otherwise hold every
+            # connection of the pool while the pass that would wake them waits for one.
+            transaction.get_connection().close()
+        if planwake.wait(ticket, min(planwake.FALLBACK_POLL_S, max(0.0, deadline - time.monotonic()))):
+            deadline = time.monotonic() + planlock.timeout_s()  # a pass committed: the queue is moving
+
+
+def _try_pass(now: datetime) -> bool:
+    if not _pass_turn.acquire(blocking=False):
+        return False
+    try:
+        with planning(now, try_lock=True):
+            pass
+        return True
+    except LockTaken:
+        return False
+    finally:
+        _pass_turn.release()
 
 
 def placement_report(
@@ -499,13 +769,15 @@ def apply(sched: Scheduler, changes: list[Change]) -> set[int]:
 def _sync_instances(sched: Scheduler, touched: set[int], changes: list[Change]) -> None:
     when = from_epoch(max(c.at for c in changes))
     present = present_instances(touched)
+    wanted = []
     for lease_id in sorted(touched):
         rec = sched.leases.get(lease_id)
         if rec is None:
             continue
         vm = rec.current_vm()
         nodes = dict(vm.nodes) if vm is not None and vm.status == "active" else None
-        sync_lease_instances(lease_id, rec.state, nodes, when, present=present.get(lease_id, []))
+        wanted.append((lease_id, rec.state, nodes, present.get(lease_id, [])))
+    sync_many(wanted, when)
 
 
 def _write_states(changes: list[Change]) -> None:

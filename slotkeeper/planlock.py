@@ -55,6 +55,19 @@ def take() -> None:
         cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
 
 
+def try_take() -> bool:
+    """Takes the plan lock for the rest of the current transaction if it is free now; False if another holds it.
+    On SQLite there is nothing to try: the IMMEDIATE write transaction is the lock, and waits as `take` does."""
+    if connection.vendor != "postgresql":
+        return True
+    if not connection.in_atomic_block:
+        raise RuntimeError("the plan lock is transaction-scoped: take it inside transaction.atomic()")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [PLAN_LOCK_ID])
+        (taken,) = cursor.fetchone()
+    return bool(taken)
+
+
 def is_busy_error(exc: BaseException) -> bool:
     """SQLite's "database is locked" after its busy timeout: the same condition as PlanBusy, one level down. Also
     PostgreSQL's connection pool found empty for DB_POOL_TIMEOUT_S (psycopg-pool's PoolTimeout, which Django raises

@@ -30,6 +30,16 @@ def _no_embedded_loop(settings):
 
 
 @pytest.fixture(autouse=True)
+def _no_plan_listener_left():
+    # A request that waited for a planning pass started this process's LISTEN connection (slotkeeper/planwake.py);
+    # left open it would keep the test database from being dropped.
+    yield
+    from slotkeeper import planwake
+
+    planwake.stop()
+
+
+@pytest.fixture(autouse=True)
 def _fresh_node_tokens():
     # The process's remembered node tokens (slotkeeper.auth): each test starts without any, as a new process would.
     from slotkeeper.auth import node_tokens

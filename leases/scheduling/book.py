@@ -143,6 +143,25 @@ class PlanBook:
         self._seq += 1
         insort(self._queue, (rec.request.submit, self._seq, rec.request.id))
 
+    def forget(self, lease_id: int) -> None:
+        """Drops a lease and its reservations as if it had never been restored, so that `restore` can take it
+        again as another process left it (the live service catching a cached scheduler up). Its stale events are
+        skipped by `_event_valid`, which finds no record for their reservations."""
+        rec = self.leases.pop(lease_id, None)
+        if rec is None:
+            return
+        for r in rec.reservations:
+            self._records.pop(r.rid, None)
+            try:
+                row = self.table.remove(r.rid)
+            except KeyError:
+                continue  # over or cancelled: no longer in the table
+            self._touch(row.alloc)
+        self._drop_from_queue(lease_id)
+        self._future.discard(lease_id)
+        for memo in (self._smallest, self._orders, self._barred):
+            memo.pop(lease_id, None)
+
     def _drop_from_queue(self, lease_id: int) -> None:
         self._queue = [q for q in self._queue if q[2] != lease_id]
 
