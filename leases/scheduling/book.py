@@ -10,10 +10,8 @@ import contextlib
 import heapq
 import math
 from bisect import insort
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from leases.lifecycle import LeaseState, lease_transition
 from leases.scheduling.records import (
@@ -37,9 +35,6 @@ from leases.scheduling.records import (
     utc_label,
 )
 from leases.scheduling.timing import Timing
-
-if TYPE_CHECKING:
-    from leases.scheduling.mapper import Ranking
 from leases.slottable import Res, Reservation, RoomCounts, SlotTable
 
 _S = LeaseState
@@ -93,10 +88,6 @@ class PlanBook:
         # queue pass keeps them across the other leases' commits (clearing all of it on every change did not).
         self._fit_memo: dict[int, dict[tuple[Res, float], float]] = {}
         self._room = RoomCounts()
-        # Host rankings kept across mapping attempts, per (start, duration) (mapper.Ranking), and the windows
-        # asked for once so far (a ranking is kept from the second time on).
-        self._rankings: OrderedDict[tuple[float, float], Ranking] = OrderedDict()
-        self._asked: OrderedDict[tuple[float, float], None] = OrderedDict()
         # The last host order the mapper built on the live table: (request, start, duration, nodes).
         self._last_order: tuple[LeaseRequest, float, float, Iterable[int]] | None = None
         self._fleet = tuple(self.table.capacity(n) for n in self.table.nodes)  # fixed for a scheduler's life

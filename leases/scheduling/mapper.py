@@ -9,9 +9,11 @@ from __future__ import annotations
 import itertools
 import math
 from bisect import bisect_left, insort
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import fields
 from functools import lru_cache
+from typing import Any
 
 from leases.scheduling.book import PlanBook
 from leases.scheduling.records import (
@@ -29,6 +31,13 @@ RANKINGS = 16
 
 
 class Mapper(PlanBook):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Host rankings kept across mapping attempts, per (start, duration) (Ranking), and the windows asked for
+        # once so far (a ranking is kept from the second time on).
+        self._rankings: OrderedDict[tuple[float, float], Ranking] = OrderedDict()
+        self._asked: OrderedDict[tuple[float, float], None] = OrderedDict()
+
     def _packs(self, vnodes: tuple[Res, ...]) -> bool:
         # Memoised here rather than only by packs' lru_cache, whose key hashed all 144 nodes' capacities at
         # every submission.
