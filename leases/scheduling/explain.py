@@ -10,7 +10,7 @@ the mapper tried the nodes in. PURE: no Django; sentences are written where node
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -60,6 +60,7 @@ class Explanation:
 
 class Explaining(EventLoop):
     _extra_memo: tuple[Mapping[int, Res], NodeArrays, npt.NDArray[np.int64]] | None = None
+    _barred_memo: tuple[LeaseRequest, NodeArrays, list[tuple[int, str, str]]] | None = None
 
     def explain(
         self,
@@ -163,16 +164,13 @@ class Explaining(EventLoop):
         code_list: list[str | None] = codes.tolist()
         notes = [""] * size
         # The exclusions (and the group's barred nodes) come first whatever the capacity says.
-        barred = dict(req.barred)
+        # The request's barred nodes first (kept per request: a capability most of a fleet lacks bars hundreds),
+        # then this pass's exclusions over them.
         ruled: list[int] = []
-        for node in {*ruled_out, *barred}:
-            i = pos.get(node)
-            why = ruled_out.get(node) or barred.get(node)
-            if i is None or not why:
-                continue
-            code, note = _split(why)
-            code_list[i], notes[i] = code, note
-            ruled.append(i)
+        for reasons in (self._barred_rows(req, arr), _rows_of(ruled_out.items(), pos)):
+            for i, code, note in reasons:
+                code_list[i], notes[i] = code, note
+                ruled.append(i)
         if ruled:
             holds[ruled], short[ruled], ranks[ruled] = 0, MEM, _NO_RANK
             shown_need[ruled], shown_free[ruled], shown_cap[ruled] = (
@@ -213,6 +211,12 @@ class Explaining(EventLoop):
         holders = tuple((node_ids[i], int(holds[i])) for i in top.tolist())
         return Explanation(start, end, vm, count, columns, int(holds.sum()), holders)
 
+    def _barred_rows(self, req: LeaseRequest, arr: NodeArrays) -> list[tuple[int, str, str]]:
+        got = self._barred_memo
+        if got is None or got[0] is not req or got[1] is not arr:
+            got = self._barred_memo = (req, arr, _rows_of(req.barred, arr.pos))
+        return got[2]
+
     def _extra_columns(self, arr: NodeArrays) -> npt.NDArray[np.int64]:
         """The now-gate's extra use as a column per dimension, built once per observation."""
         got = self._extra_memo
@@ -247,6 +251,11 @@ def _copies(
     for d in wants:
         np.minimum(out, np.maximum(free[:, d], 0) // need[d], out=out)
     return out
+
+
+def _rows_of(reasons: Iterable[tuple[int, str]], pos: Mapping[int, int]) -> list[tuple[int, str, str]]:
+    """(row, code, sentence) of each node ruled out for a reason, for the nodes the table holds."""
+    return [(pos[node], *_split(why)) for node, why in reasons if why and node in pos]
 
 
 @lru_cache(maxsize=256)
