@@ -213,15 +213,7 @@ def do_heartbeat(node: Node, report: HealthReport, *, now: datetime, committed: 
             node.refresh_from_db()
             refuse_fenced(node, now)
         if sample:
-            HealthSample.objects.create(
-                node_id=node.pk,
-                at=now,
-                mem_total_mib=report.mem_total_mib,
-                mem_used_mib=report.mem_used_mib,
-                disk_free_gib=report.disk_free_gib,
-                cpu_pct=report.cpu_pct,
-                load1=report.load1,
-            )
+            HealthSample.of(node.pk, now, report).save()
         if node.status in (NodeStatus.OFFLINE, NodeStatus.DEAD):
             _bring_back(node, now)
         for field, value in fields.items():
@@ -271,15 +263,7 @@ def do_heartbeat_known(
         if token.last_sample_at is None or (now - token.last_sample_at).total_seconds() >= every:
             due = Q(last_sample_at=None) | Q(last_sample_at__lte=now - timedelta(seconds=every))
             if Node.objects.filter(due, pk=token.node_id).update(last_sample_at=now):
-                HealthSample.objects.create(
-                    node_id=token.node_id,
-                    at=now,
-                    mem_total_mib=report.mem_total_mib,
-                    mem_used_mib=report.mem_used_mib,
-                    disk_free_gib=report.disk_free_gib,
-                    cpu_pct=report.cpu_pct,
-                    load1=report.load1,
-                )
+                HealthSample.of(token.node_id, now, report).save()
             # Taken here or by another process since: either way not due again before `every` from now.
             token = dataclasses.replace(token, last_sample_at=now)
         events.send_on_commit("node-changed", node=token.node_id)

@@ -164,18 +164,7 @@ def _flush_postgresql(entries: list[Pending], busy: set[int]) -> tuple[int, list
             cursor.execute(_UPDATE, params)
             written = cursor.fetchall()
         samples = [by_id[node_id] for node_id, sampled in written if sampled]
-        HealthSample.objects.bulk_create(
-            HealthSample(
-                node_id=e.token.node_id,
-                at=e.at,
-                mem_total_mib=e.report.mem_total_mib,
-                mem_used_mib=e.report.mem_used_mib,
-                disk_free_gib=e.report.disk_free_gib,
-                cpu_pct=e.report.cpu_pct,
-                load1=e.report.load1,
-            )
-            for e in samples
-        )
+        HealthSample.objects.bulk_create(HealthSample.of(e.token.node_id, e.at, e.report) for e in samples)
         for node_id, _ in written:
             events.send_on_commit("node-changed", node=node_id)
     # The row has just confirmed these tokens (digest, status, not fenced): remembered for another TTL.

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
 
 from django.conf import settings
 from django.db import models
@@ -132,6 +134,19 @@ class HealthSample(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node_id} at {self.at:%H:%M:%S}"
+
+    @classmethod
+    def of(cls, node_id: int, at: datetime, report: Any) -> HealthSample:
+        """An unsaved sample of a heartbeat's report (anything with its five health fields)."""
+        return cls(
+            node_id=node_id,
+            at=at,
+            mem_total_mib=report.mem_total_mib,
+            mem_used_mib=report.mem_used_mib,
+            disk_free_gib=report.disk_free_gib,
+            cpu_pct=report.cpu_pct,
+            load1=report.load1,
+        )
 
 
 class CompactJSONEncoder(json.JSONEncoder):

@@ -14,6 +14,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -170,3 +172,28 @@ BROWSER_TEST = [
     pytest.mark.browser,
     pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium"),
 ]
+
+
+@contextmanager
+def running(tmp: Path, used_mib: int = 2048) -> Iterator[Console]:
+    """A live console whose nodes have all heartbeated once (`used_mib` each), stopped on exit: what every browser
+    test module's `console` fixture starts from."""
+    server = start(tmp)
+    try:
+        for name in server.nodes:
+            server.heartbeat(name, used_mib=used_mib)
+        yield server
+    finally:
+        stop(server.process)
+
+
+def shell(workdir: Path, code: str) -> None:
+    """Runs Python in `manage.py shell` against the console started in `workdir` (set-up a test cannot do
+    through the API, such as creating an admin with a password)."""
+    subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "shell", "-c", code],
+        env=environment(workdir / "console.sqlite3"),
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )

@@ -19,11 +19,8 @@ pytestmark = live.BROWSER_TEST
 
 @pytest.fixture(scope="module")
 def console(tmp_path_factory):
-    server = live.start(tmp_path_factory.mktemp("console"))
-    for name in server.nodes:
-        server.heartbeat(name, used_mib=2048)
-    yield server
-    live.stop(server.process)
+    with live.running(tmp_path_factory.mktemp("console")) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")

@@ -35,12 +35,9 @@ def submit(console, name: str, cores: int = 1) -> dict:
 
 @pytest.fixture(scope="module")
 def console(tmp_path_factory):
-    server = live.start(tmp_path_factory.mktemp("a11y"))
-    for name in server.nodes:
-        server.heartbeat(name, used_mib=2048)
-    server.leases = [submit(server, "render-a", 2), submit(server, "render-b")]  # type: ignore[attr-defined]
-    yield server
-    live.stop(server.process)
+    with live.running(tmp_path_factory.mktemp("a11y")) as server:
+        server.leases = [submit(server, "render-a", 2), submit(server, "render-b")]  # type: ignore[attr-defined]
+        yield server
 
 
 def sign_in(browser, console, **options):

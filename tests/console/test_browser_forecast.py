@@ -22,11 +22,8 @@ WHOLE = {
 
 @pytest.fixture(scope="module")
 def console(tmp_path_factory):
-    server = live.start(tmp_path_factory.mktemp("console-forecast"))
-    for name in server.nodes:
-        server.heartbeat(name, used_mib=2048)
-    yield server
-    live.stop(server.process)
+    with live.running(tmp_path_factory.mktemp("console-forecast")) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,6 @@ Screenshots of failures land in test-artifacts/. Skipped only when Debian's chro
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -32,13 +30,7 @@ grant_role(user, "admin")
 def console(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("console-forms")
     server = live.start(workdir)
-    subprocess.run(
-        [sys.executable, str(live.ROOT / "manage.py"), "shell", "-c", MAKE_ADMIN % ADMIN_PASSWORD],
-        env=live.environment(workdir / "console.sqlite3"),
-        cwd=live.ROOT,
-        check=True,
-        capture_output=True,
-    )
+    live.shell(workdir, MAKE_ADMIN % ADMIN_PASSWORD)
     for name in server.nodes:
         server.heartbeat(name, used_mib=2048)
     yield server

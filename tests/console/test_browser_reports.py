@@ -24,11 +24,8 @@ ALLOCATABLE_MIB = 16384 - 4096 - 2048
 
 @pytest.fixture(scope="module")
 def console(tmp_path_factory):
-    server = live.start(tmp_path_factory.mktemp("console-reports"))
-    for name in server.nodes:
-        server.heartbeat(name, used_mib=2048)
-    yield server
-    live.stop(server.process)
+    with live.running(tmp_path_factory.mktemp("console-reports")) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")

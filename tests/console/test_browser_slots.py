@@ -7,9 +7,6 @@ Skipped only when Debian's chromium is not installed."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from tests.console import live
@@ -32,13 +29,7 @@ for i in range(%d):
 def console(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("slots")
     server = live.start(workdir)
-    subprocess.run(
-        [sys.executable, str(live.ROOT / "manage.py"), "shell", "-c", ADD_NODES % EXTRA_NODES],
-        env=live.environment(workdir / "console.sqlite3"),
-        cwd=live.ROOT,
-        check=True,
-        capture_output=True,
-    )
+    live.shell(workdir, ADD_NODES % EXTRA_NODES)
     for name in server.nodes:
         server.heartbeat(name, used_mib=2048)
     server.leases = [  # type: ignore[attr-defined]
