@@ -60,7 +60,6 @@ class Explanation:
 
 class Explaining(EventLoop):
     _extra_memo: tuple[Mapping[int, Res], NodeArrays, npt.NDArray[np.int64]] | None = None
-    _barred_memo: tuple[LeaseRequest, NodeArrays, list[tuple[int, str, str]]] | None = None
 
     def explain(
         self,
@@ -164,10 +163,9 @@ class Explaining(EventLoop):
         code_list: list[str | None] = codes.tolist()
         notes = [""] * size
         # The exclusions (and the group's barred nodes) come first whatever the capacity says.
-        # The request's barred nodes first (kept per request: a capability most of a fleet lacks bars hundreds),
-        # then this pass's exclusions over them.
+        # The request's barred nodes first, then this pass's exclusions over them.
         ruled: list[int] = []
-        for reasons in (self._barred_rows(req, arr), _rows_of(ruled_out.items(), pos)):
+        for reasons in (_rows_of(req.barred, pos), _rows_of(ruled_out.items(), pos)):
             for i, code, note in reasons:
                 code_list[i], notes[i] = code, note
                 ruled.append(i)
@@ -210,12 +208,6 @@ class Explaining(EventLoop):
         )
         holders = tuple((node_ids[i], int(holds[i])) for i in top.tolist())
         return Explanation(start, end, vm, count, columns, int(holds.sum()), holders)
-
-    def _barred_rows(self, req: LeaseRequest, arr: NodeArrays) -> list[tuple[int, str, str]]:
-        got = self._barred_memo
-        if got is None or got[0] is not req or got[1] is not arr:
-            got = self._barred_memo = (req, arr, _rows_of(req.barred, arr.pos))
-        return got[2]
 
     def _extra_columns(self, arr: NodeArrays) -> npt.NDArray[np.int64]:
         """The now-gate's extra use as a column per dimension, built once per observation."""
