@@ -298,14 +298,18 @@ class SlotTable:
         lim, dims = limit
         line = self._line(node)
         culprits: dict[int, Reservation] = {}
+        present: list[Reservation] | None = None  # the node's reservations over the window, read once
         for seg_start, seg_end, level in line.segments(start, end):
             short = [d for d in dims if level[d] > lim[d]]
             if not short:
                 continue
-            for r in self.reservations(seg_start, seg_end, node=node):
-                use = vec(r.alloc[node])
-                if any(use[d] > 0 for d in short):
-                    culprits[r.rid] = r
+            if present is None:
+                present = self.reservations(start, end, node=node)
+            for r in present:
+                if r.rid not in culprits and r.overlaps(seg_start, seg_end):
+                    use = vec(r.alloc[node])
+                    if any(use[d] > 0 for d in short):
+                        culprits[r.rid] = r
         return sorted(culprits.values(), key=lambda r: (r.start, r.rid))
 
     def envelope(self, node: int, start: float) -> list[tuple[Res, float]]:

@@ -248,6 +248,9 @@ SLOTKEEPER = {
     "DISRUPTION_MIN_NODES": int(os.environ.get("SLOTKEEPER_DISRUPTION_MIN_NODES", "3")),
     # The longest any request waits for the plan lock before it is answered 503 with Retry-After.
     "PLAN_LOCK_TIMEOUT_S": float(os.environ.get("SLOTKEEPER_PLAN_LOCK_TIMEOUT_S", "10")),
+    # A young-generation collection every this many allocations once a server process has started, and what
+    # start-up built frozen out of the collector's view (slotkeeper/collector.py); 0 keeps CPython's defaults.
+    "GC_THRESHOLD": int(os.environ.get("SLOTKEEPER_GC_THRESHOLD", "10000")),
 }
 
 REST_FRAMEWORK = {
