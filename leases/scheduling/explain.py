@@ -98,8 +98,12 @@ class Explaining(EventLoop):
 
         # Free over the window: capacity less the peak, with the lease's own share added back, and less what the
         # node is seen to use beyond the plan when the window starts now (the now-gate).
-        free = cap - arr.peak_over(start, end) if end > start else cap - arr.level_at(start)
-        free_now = cap - arr.level_at(start) if start <= now else None
+        if end > start:
+            peak, at_start = arr.over(start, end)
+        else:
+            peak = at_start = arr.level_at(start)
+        free = cap - peak
+        free_now = cap - at_start if start <= now else None
         for node, r in own.items():
             free[pos[node]] += vec(r)[:DIMS]
             if free_now is not None:
@@ -157,10 +161,12 @@ class Explaining(EventLoop):
         if tried is None:
             tried = self._host_order(table, req, start, end - start, None)
         listed = tried.tried() if isinstance(tried, HostOrder) and own else list(tried)
-        order = list(own) + [n for n in listed if n not in own]
+        order = [*own, *(n for n in listed if n not in own)] if own else listed
         ranks = np.zeros(size, dtype=np.int64)
         if order:
-            ranks[[pos[n] for n in order]] = np.arange(1, len(order) + 1)
+            ranks[np.fromiter(map(pos.__getitem__, order), np.int64, len(order))] = np.arange(
+                1, len(order) + 1
+            )
         ranks[too_small] = _NO_RANK
 
         node_ids = list(table.nodes)
