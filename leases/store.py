@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import numpy as np
 import numpy.typing as npt
@@ -75,7 +75,11 @@ def from_epoch(t: float) -> datetime:
 
 def node_capacity(node: capacity.NodeState) -> Res:
     """What the slot table plans with on a node: its allocatable capacity (docs/capacity.md)."""
-    limits = capacity.node_limits(node)
+    return _as_res(capacity.node_limits(node))
+
+
+@lru_cache(maxsize=4096)  # every pass asks for every node's; a fleet has few distinct figures
+def _as_res(limits: capacity.Limits) -> Res:
     return Res(cpu=limits.cpu_cores * 100, mem=limits.mem_mib, disk=limits.disk_gib)
 
 
