@@ -52,10 +52,11 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
         },
     )
     def create(self, request):
-        ser = s.LeaseCreateSerializer(data=request.data)
+        now = timezone.now()  # the request's arrival: validated against, and submitted with
+        ser = s.LeaseCreateSerializer(data=request.data, context={"now": now})
         ser.is_valid(raise_exception=True)
         spec = actions.LeaseSpec.from_request(ser.validated_data)
-        result = actions.do_submit_lease(request.user, spec, now=timezone.now())
+        result = actions.do_submit_lease(request.user, spec, now=now)
         body = s.LeaseDetailSerializer(result.lease).data
         if not result.decision.accepted:
             return Response(
