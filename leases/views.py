@@ -135,7 +135,7 @@ def lease_new(request):
                     messages.success(request, f"Lease {lease.pk} {lease.name}: {result.decision.message}")
                 else:
                     messages.error(
-                        request, f"Lease {lease.pk} {lease.name} rejected: {result.decision.message}"
+                        request, f"Lease {lease.pk} {lease.name} {lease.state}: {result.decision.message}"
                     )
                 return redirect("lease-detail", lease_id=lease.pk)
         return render(
