@@ -105,8 +105,14 @@ def do_submit_lease(actor, spec: LeaseSpec, *, now: datetime) -> Submitted:
     # "placed by the queue" reports, which are not this request's answer).
     report = PlacementReport.objects.filter(subject=f"lease:{lease.pk}").order_by("id").first()
     assert report is not None, f"lease {lease.pk} was decided without a report"
-    accepted = report.outcome != "rejected"
-    decision = Decision(accepted, lease.pk, LeaseState(lease.state), report.message)
+    # The report says what the pass decided; the lease's state says whether that still holds. A lease the
+    # scheduler isolated (failed) after its report was written (later in the same pass, the tick's part of it,
+    # or a pass that ran before this waiter woke) was answered 201 "placed" while it had failed.
+    state = LeaseState(lease.state)
+    refused = state in (LeaseState.FAILED, LeaseState.REJECTED)
+    accepted = report.outcome != "rejected" and not refused
+    message = lease.message if state == LeaseState.FAILED and lease.message else report.message
+    decision = Decision(accepted, lease.pk, state, message)
     return Submitted(lease, decision, report)
 
 

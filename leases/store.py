@@ -502,6 +502,13 @@ def _plan_intents(plan: Planning) -> list[int]:
                 lease, f"the scheduler could not plan it: {type(exc).__name__}: {exc}", plan.now
             )
     sched.run_queue(plan.t)
+    # A request accepted by `submit` may have been isolated (failed) while the queue or its start ran: its
+    # decision is a failure, with the reason, not the acceptance `submit` returned.
+    isolated = dict(sched.isolated)
+    decided = [
+        (lease, _isolated_decision(lease.pk, isolated[lease.pk]) if lease.pk in isolated else decision)
+        for lease, decision in decided
+    ]
     reports, audits = [], []
     for lease, decision in decided:
         lease.message = sched.describe(lease.pk) if decision.accepted else decision.message
@@ -520,7 +527,7 @@ def _plan_intents(plan: Planning) -> list[int]:
                 details={"type": lease.type, "accepted": decision.accepted, "message": decision.message},
             )
         )
-        if not decision.accepted:
+        if not decision.accepted and decision.state != LeaseState.FAILED:  # an isolation has its own alert
             raise_alert(
                 "failed_placement",
                 f"lease {lease.pk} {lease.name} ({lease.type}) was rejected: {decision.message}",
@@ -536,6 +543,15 @@ def _plan_intents(plan: Planning) -> list[int]:
     PlacementReport.objects.bulk_create(reports)
     AuditEntry.objects.bulk_create(audits)
     return [lease.pk for lease in intents]
+
+
+def _isolated_decision(lease_id: int, reason: str) -> Decision:
+    return Decision(
+        False,
+        lease_id,
+        LeaseState.FAILED,
+        f"isolated by the scheduler, which could not plan it: {reason}"[:2000],
+    )
 
 
 def _reject_unplannable(lease: Lease, reason: str, now: datetime) -> None:
