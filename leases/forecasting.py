@@ -149,6 +149,13 @@ def commit(job: Job, estimates: Mapping[int, Estimate]) -> int | None:
     in-pass write took before: bench_forecast.py --db). Returns None when dropped."""
     try:
         with transaction.atomic(durable=True):
+            if connection.vendor == "postgresql":
+                # No wait is unbounded: a pass that holds the row longer than the plan lock's timeout wins.
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        "SELECT set_config('lock_timeout', %s, true)",
+                        [f"{int(planlock.timeout_s() * 1000)}ms"],
+                    )
             won = SchedulerState.objects.filter(
                 pk=1, forecast_version=job.version, forecast_stale=False
             ).update(forecast_at=job.now)
@@ -156,9 +163,10 @@ def commit(job: Job, estimates: Mapping[int, Estimate]) -> int | None:
                 return None
             return write(estimates)
     except OperationalError as exc:
-        if planlock.is_busy_error(exc):
-            # SQLite's write lock (or the pool) stayed taken. Dropped like a stale result; nothing marks it stale
-            # (that write would wait on the same lock), so the minute rule retakes it at the latest.
+        if planlock.is_busy_error(exc) or getattr(exc.__cause__, "sqlstate", None) == "55P03":
+            # SQLite's write lock, PostgreSQL's row lock (lock_timeout) or the pool stayed taken. Dropped like a
+            # stale result; nothing marks it stale (that write would wait on the same lock), so the minute rule
+            # retakes it at the latest.
             log.warning("queue forecast not written: the database stayed locked")
             return None
         raise

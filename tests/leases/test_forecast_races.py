@@ -1,6 +1,7 @@
-"""The large queue's forecast against a real pass on another connection, committed while the forecast runs: the
-pass is not held up by it (the plan lock is free), and the forecast, which no longer describes the plan, writes
-nothing. SQLite (the file database of the tests) and PostgreSQL."""
+"""The large queue's forecast against real passes on other connections. One commits while the forecast runs: it
+is not held up (the plan lock is free), and the forecast, which no longer describes the plan, writes nothing
+(SQLite, the tests' file database, and PostgreSQL). One holds SchedulerState's row: the forecast's write waits no
+longer than the plan lock's timeout (PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from leases import forecasting
 from leases.actions import advance
 from leases.models import Lease, SchedulerState
 from slotkeeper import planlock
+from tests.conftest import requires_postgres
 from tests.leases.test_forecasting import estimates, queue_up, submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -64,3 +66,42 @@ def test_a_pass_commits_while_the_forecast_runs_and_the_forecast_writes_nothing(
     advance(timezone.now())  # the next tick's forecast holds, and is written
     assert all(s is not None for s, _ in estimates([*ids, late]).values())
     assert Lease.objects.filter(pk=late, state="queued").exists()
+
+
+@requires_postgres
+def test_the_forecasts_write_waits_no_longer_than_the_plan_lock_timeout(operator, fleet, monkeypatch):
+    # A pass holds SchedulerState's row for as long as it plans; the forecast's write waits for it, but bounded.
+    monkeypatch.setattr(forecasting, "INLINE_WORK", 0)
+    monkeypatch.setattr(planlock, "timeout_s", lambda: 0.3)
+    ids = queue_up(operator, 1)
+    jobs: list[forecasting.Job] = []
+    monkeypatch.setattr(forecasting, "complete", jobs.append)
+    advance(timezone.now())
+    (job,) = jobs
+    got = forecasting.forecast(job.snapshot, job.now.timestamp(), job.excluded)
+    holding, done = threading.Event(), threading.Event()
+
+    def hold_the_row():
+        try:
+            with transaction.atomic():
+                SchedulerState.objects.select_for_update().get(pk=1)
+                holding.set()
+                done.wait(5)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=hold_the_row)
+    thread.start()
+    try:
+        assert holding.wait(5)
+        started = time.perf_counter()
+        assert forecasting.commit(job, got) is None
+        took = time.perf_counter() - started
+    finally:
+        done.set()
+        thread.join(10)
+    assert took < 2
+    assert estimates(ids)[ids[0]] == (None, None)
+    assert (
+        forecasting.commit(job, got) == 1
+    )  # once the row is free, the same result still holds and is written
