@@ -41,7 +41,7 @@ from django.db.models import Q
 from leases.lifecycle import LeaseState
 from leases.models import Lease, SchedulerState
 from leases.scheduler import Estimate, Scheduler, Snapshot, forecast, snapshot
-from slotkeeper import metrics, planlock
+from slotkeeper import events, metrics, planlock
 from slotkeeper.bulk import update_many
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,7 @@ INLINE_WORK = 50_000
 LIMIT = 5_000
 EVERY_S = 60.0
 STATE_FIELDS = ("forecast_at", "forecast_signature", "forecast_stale", "forecast_version")
+ESTIMATE_FIELDS = ["estimated_start", "estimated_end", "estimate_note"]
 QUEUED = (LeaseState.QUEUED.value, LeaseState.SUSPENDED_QUEUED.value)
 # An arbitrary constant: the session advisory lock a process holds while it may compute a large forecast.
 RUNNER_LOCK_ID = 0x5107_F0CA
@@ -161,7 +162,12 @@ def commit(job: Job, estimates: Mapping[int, Estimate]) -> int | None:
             ).update(forecast_at=job.now)
             if not won:
                 return None
-            return write(estimates)
+            rows = _changed(estimates)
+            written = update_many(rows, ESTIMATE_FIELDS)
+            if rows:
+                # Written after the pass's own "slots-changed" went out: the consoles showing them fetch again.
+                events.send_on_commit("slots-changed", leases=sorted(row.pk for row in rows)[:50])
+            return written
     except OperationalError as exc:
         if planlock.is_busy_error(exc) or getattr(exc.__cause__, "sqlstate", None) == "55P03":
             # SQLite's write lock, PostgreSQL's row lock (lock_timeout) or the pool stayed taken. Dropped like a
@@ -206,6 +212,10 @@ _running = threading.Lock()
 def write(estimates: Mapping[int, Estimate]) -> int:
     """Each queued lease's estimate, and none for every lease that had one and is no longer queued; only the rows
     whose values change are written."""
+    return update_many(_changed(estimates), ESTIMATE_FIELDS)
+
+
+def _changed(estimates: Mapping[int, Estimate]) -> list[Lease]:
     current = Lease.objects.filter(
         Q(state__in=QUEUED) | Q(estimated_start__isnull=False) | ~Q(estimate_note="")
     ).values_list("pk", "estimated_start", "estimated_end", "estimate_note")
@@ -223,7 +233,7 @@ def write(estimates: Mapping[int, Estimate]) -> int:
         )
         if (start, end, note) != want:
             rows.append(Lease(pk=pk, estimated_start=want[0], estimated_end=want[1], estimate_note=want[2]))
-    return update_many(rows, ["estimated_start", "estimated_end", "estimate_note"])
+    return rows
 
 
 def _moment(t: float | None) -> datetime | None:

@@ -96,9 +96,15 @@ def test_a_large_queue_is_forecast_from_a_snapshot_after_the_ticks_pass_has_comm
         "forecast",
         lambda book, *a, **k: seen.append((type(book), len(connection.atomic_blocks))) or real(book, *a, **k),
     )
+    sent = []
+    monkeypatch.setattr(
+        forecasting.events, "send_on_commit", lambda event, **payload: sent.append((event, payload))
+    )
     advance(timezone.now())
     # Computed once, from a snapshot, with no transaction of the pass (nor of the plan lock) still open.
     assert seen == [(Snapshot, outside)]
+    # Written after the pass's own events went out: the consoles are told again.
+    assert sent[-1] == ("slots-changed", {"leases": sorted(ids)})
     got = estimates(ids)
     assert all(s is not None and e is not None for s, e in got.values())
     state = SchedulerState.objects.get()
