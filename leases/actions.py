@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from fleet.capacity import BLIND, PERMANENT
 from fleet.models import PlacementReport, SweepState
-from leases import reads, store, vnodes
+from leases import forecasting, reads, store, vnodes
 from leases.alerts import raise_alert, resolve_open
 from leases.lifecycle import IllegalTransition, LeaseState
 from leases.models import Alert, Group, Lease, SchedulerState
@@ -224,15 +224,19 @@ def recorded_tick(now: datetime) -> Iterator[None]:
 
 
 def advance(now: datetime) -> None:
-    """The lease part of the tick: starts and ends due reservations, processes the queue and re-evaluates."""
-    with store.planning(now) as plan:
-        plan.tick = True
-        plan.scheduler.advance(plan.t, plan.excluded)
-        for lease_id, reason in plan.scheduler.replaced:
-            lease = Lease.objects.get(pk=lease_id)
-            lease.message = f"re-placed when its reservation came due: {reason}"
-            lease.save(update_fields=["message"])
-            audit.record(at=now, actor=None, action="lease.replace", target=lease, reason=reason)
+    """The lease part of the tick: starts and ends due reservations, processes the queue and re-evaluates; then,
+    outside the plan lock, the queue forecast its pass handed off (a large queue's: leases/forecasting.py)."""
+    with forecasting.runner() as may_forecast:
+        with store.planning(now) as plan:
+            plan.tick = may_forecast
+            plan.scheduler.advance(plan.t, plan.excluded)
+            for lease_id, reason in plan.scheduler.replaced:
+                lease = Lease.objects.get(pk=lease_id)
+                lease.message = f"re-placed when its reservation came due: {reason}"
+                lease.save(update_fields=["message"])
+                audit.record(at=now, actor=None, action="lease.replace", target=lease, reason=reason)
+        if plan.forecast is not None:
+            forecasting.complete(plan.forecast)
 
 
 def _tick_failed(now: datetime, exc: Exception) -> None:

@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from leases.lifecycle import LeaseState, lease_transition
 from leases.scheduling.explain import Explaining
-from leases.scheduling.forecast import Estimate, forecast
+from leases.scheduling.forecast import Estimate, Snapshot, forecast, snapshot
 from leases.scheduling.records import (
     ACTIVE,
     ADVANCE_RESERVATION,
@@ -65,7 +65,9 @@ __all__ = [
     "ReservationRecord",
     "Scheduler",
     "SchedulerConfig",
+    "Snapshot",
     "forecast",
+    "snapshot",
 ]
 
 _S = LeaseState

@@ -322,8 +322,10 @@ class Planning:
     nodes: list[capacity.NodeState]
     # Leases whose placement report the caller wrote; the applier writes one for every other lease placed.
     reported: set[int] = field(default_factory=set)
-    # The periodic tick's pass: it runs the queue forecast however long the queue (leases/forecasting.py).
+    # The periodic tick's pass while it holds the forecast runner: a large queue's forecast is snapshotted under
+    # the lock and handed back in `forecast`, to be computed after the pass commits (leases/forecasting.py).
     tick: bool = False
+    forecast: forecasting.Job | None = None
 
     @property
     def t(self) -> float:
@@ -391,11 +393,12 @@ def _planning(now: datetime, *, try_lock: bool = False) -> Iterator[Planning]:
         _report_placed(plan, changes)
         _record_isolated(sched.take_isolated(), now)
         _record_displaced(sched.take_displaced(), nodes, now)
-        forecasting.refresh(
-            sched, state, now, plan.excluded, fingerprint, changed=bool(changes), tick=plan.tick
-        )
         state.version += 1
         state.next_rid = sched.next_rid
+        # After the version is bumped: a forecast snapshot taken here describes the version this pass commits.
+        plan.forecast = forecasting.refresh(
+            sched, state, now, plan.excluded, fingerprint, changed=bool(changes), tick=plan.tick
+        )
         state.save(update_fields=["version", "next_rid", *forecasting.STATE_FIELDS])
         version = state.version
         # What this version touched, so a process whose cached scheduler is behind re-reads only those leases.
