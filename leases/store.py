@@ -14,7 +14,6 @@ the plan lock touches the cached object, so threads of one process can share it.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 import weakref
@@ -279,27 +278,29 @@ def observed_extra(
     free. Seed 001's rule: a node is charged the worse of observed and committed use. Returned twice: per node,
     and as cpu/memory/disk columns in the slot table's node order (what the report's vectorised verdicts use)."""
     arrays = sched.table.arrays()
-    planned = arrays.level_at(t).tolist()  # every node's planned use at t in one pass
-    out: dict[int, Res] = {}
-    rows: list[int] = []
-    for node in nodes:
-        i = arrays.pos.get(node.id)
-        if node.id in excluded or node.observed_mem_used_mib is None or i is None:
-            continue
-        _, planned_mem, planned_disk = planned[i]
-        baseline = max(node.idle_baseline_mib or 0, capacity.BASELINE_FLOOR_MIB)
-        mem = max(0, node.observed_mem_used_mib - baseline - planned_mem)
-        disk = 0
-        if node.disk_free_gib is not None:
-            plan_free = capacity.node_limits(node).disk_gib - planned_disk
-            disk = max(0, math.ceil(plan_free - (node.disk_free_gib - capacity.DISK_RESERVE_GIB)))
-        if mem or disk:
-            out[node.id] = Res(mem=mem, disk=disk)
-            rows.append(i)
+    pos = arrays.pos
     columns = np.zeros((len(arrays.nodes), 3), dtype=np.int64)
-    if rows:
-        columns[rows, 1] = [r.mem for r in out.values()]
-        columns[rows, 2] = [r.disk for r in out.values()]
+    seen = [n for n in nodes if n.observed_mem_used_mib is not None and n.id in pos and n.id not in excluded]
+    if not seen:
+        return {}, columns
+    # In columns: a loop over 1,000 nodes was an eighth of every planning pass.
+    rows = np.fromiter((pos[n.id] for n in seen), np.int64, len(seen))
+    planned = arrays.level_at(t)[rows]  # every node's planned use at t in one pass
+    used = np.fromiter((n.observed_mem_used_mib for n in seen), np.int64, len(seen))
+    remembered = np.fromiter((n.idle_baseline_mib or 0 for n in seen), np.int64, len(seen))
+    mem = np.maximum(0, used - np.maximum(remembered, capacity.BASELINE_FLOOR_MIB) - planned[:, 1])
+    disk_free = np.fromiter(
+        (n.disk_free_gib if n.disk_free_gib is not None else np.nan for n in seen), np.float64, len(seen)
+    )
+    # The slot table's disk capacity is the node's allocatable disk (node_capacity; the cache is keyed on it).
+    plan_free = arrays.caps[rows, 2] - planned[:, 2]
+    short = np.ceil(plan_free - (disk_free - capacity.DISK_RESERVE_GIB))
+    disk = np.where(np.isnan(disk_free), 0, np.maximum(0, np.nan_to_num(short))).astype(np.int64)
+    columns[rows, 1] = mem
+    columns[rows, 2] = disk
+    out = {
+        n.id: Res(mem=m, disk=d) for n, m, d in zip(seen, mem.tolist(), disk.tolist(), strict=True) if m or d
+    }
     return out, columns
 
 

@@ -263,7 +263,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "slotkeeper.pagination.BoundedLimitOffsetPagination",
     "PAGE_SIZE": 100,
     "EXCEPTION_HANDLER": "slotkeeper.api.exception_handler",
-    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_RENDERER_CLASSES": ["slotkeeper.renderers.FastJSONRenderer"],
     # JSON only, bounded in size and depth (slotkeeper/parsers.py). Form bodies never worked with the strict fields
     # (every number arrived as a string), yet the schema offered them to every client.
     "DEFAULT_PARSER_CLASSES": ["slotkeeper.parsers.BoundedJSONParser"],
