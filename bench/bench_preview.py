@@ -37,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_heartbeats import fresh_postgres, fresh_sqlite, pct, start_django
+from bench_heartbeats import COLLECTOR_HELP, fresh_postgres, fresh_sqlite, pct, start_django, use_collector
 
 TARGET_P99_MS = 20.0
 SQLITE_PATH = Path("/tmp/slotkeeper_bench.sqlite3")
@@ -262,10 +262,6 @@ def run(db: str, n: int, rounds: int, seed: int, collector: str) -> None:
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {issue('otto', 'operator')}")
     from django.contrib.auth import get_user_model
 
-    from slotkeeper.collector import tune_from_settings
-
-    if collector == "service":
-        tune_from_settings()  # start-up is done, as in slotkeeper/asgi.py
     parts = Parts(client, get_user_model().objects.get(username="otto"))
     version = f"PostgreSQL {connection.pg_version // 10000}" if db == "postgres" else "SQLite"
     fit = parts.report.counts.get("fit", 0)
@@ -297,13 +293,14 @@ def main() -> None:
         "--collector",
         choices=["service", "default"],
         default="service",
-        help="the garbage collector as a server process sets it (slotkeeper/collector.py), or CPython's defaults",
+        help=COLLECTOR_HELP,
     )
     args = parser.parse_args()
     if args.db is None:
         for db in ("postgres", "sqlite"):
             subprocess.run([sys.executable, __file__, "--db", db, *sys.argv[1:]], check=True)
         return
+    use_collector(args.collector)
     run(args.db, args.nodes, args.rounds or (40 if args.quick else 200), args.seed, args.collector)
 
 

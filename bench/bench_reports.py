@@ -58,7 +58,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_heartbeats import fresh_sqlite, pct, start_django
+from bench_heartbeats import COLLECTOR_HELP, fresh_sqlite, pct, start_django, use_collector
 
 SQLITE_PATH = Path("/tmp/slotkeeper_bench_reports.sqlite3")
 TARGET_KIB = 40.0
@@ -502,7 +502,7 @@ def main() -> None:
         "--collector",
         choices=["service", "default"],
         default="service",
-        help="the garbage collector as a server process sets it (slotkeeper/collector.py), or CPython's defaults",
+        help=COLLECTOR_HELP,
     )
     parser.add_argument(
         "--profile-kind",
@@ -515,13 +515,9 @@ def main() -> None:
     reservations = args.reservations or (3000 if args.quick else 10_000)
     # A day-old heartbeat stays stale and the rest stay fresh for the whole run, however long the set-up takes.
     os.environ["SLOTKEEPER_HEALTH_MAX_AGE_S"] = "3600"
+    use_collector(args.collector)
     start_django(fresh_sqlite(SQLITE_PATH))
     from django.utils import timezone
-
-    from slotkeeper.collector import tune_from_settings
-
-    if args.collector == "service":
-        tune_from_settings()  # start-up is done, as in slotkeeper/asgi.py
 
     from leases.models import Allocation, Reservation
 
