@@ -197,3 +197,35 @@ def shell(workdir: Path, code: str) -> None:
         check=True,
         capture_output=True,
     )
+
+
+# --- browser helpers shared by the Chromium tests ------------------------------------------------------------
+
+ARTIFACTS = ROOT / "test-artifacts"  # screenshots of failed browser tests
+
+
+def sign_in(browser, console, username: str, password: str):
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context.set_default_timeout(10_000)
+    page = context.new_page()
+    page.goto(console.url + "/login/")
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", password)
+    page.click("button[type=submit]")
+    page.wait_for_url(console.url + "/")
+    page.close()
+    return context
+
+
+def new_page(context, request):
+    page = context.new_page()
+    request.addfinalizer(lambda: screenshot_on_failure(page, request))
+    return page
+
+
+def screenshot_on_failure(page, request) -> None:
+    report = getattr(request.node, "report_call", None)
+    if report is not None and report.failed:
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / f"{request.node.name}.png"), full_page=True)
+    page.close()

@@ -12,8 +12,6 @@ import pytest
 
 from tests.console import live
 
-ARTIFACTS = live.ROOT / "test-artifacts"
-
 pytestmark = live.BROWSER_TEST
 
 
@@ -42,11 +40,7 @@ def signed_in(browser, console):
 def page(signed_in, request):
     page = signed_in.new_page()
     yield page
-    report = getattr(request.node, "report_call", None)
-    if report is not None and report.failed:
-        ARTIFACTS.mkdir(exist_ok=True)
-        page.screenshot(path=str(ARTIFACTS / f"{request.node.name}.png"), full_page=True)
-    page.close()
+    live.screenshot_on_failure(page, request)
 
 
 def wait_live(page) -> None:

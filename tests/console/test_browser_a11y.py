@@ -16,7 +16,7 @@ import pytest
 
 from tests.console import live
 
-ARTIFACTS = live.ROOT / "test-artifacts"
+ARTIFACTS = live.ARTIFACTS
 AXE = Path(__file__).parent / "vendor" / "axe-4.14.1.min.js"
 LIVE_S = 10
 
@@ -71,11 +71,7 @@ def dark(browser, console):
 def page(light, request):
     page = light.new_page()
     yield page
-    report = getattr(request.node, "report_call", None)
-    if report is not None and report.failed:
-        ARTIFACTS.mkdir(exist_ok=True)
-        page.screenshot(path=str(ARTIFACTS / f"{request.node.name}.png"), full_page=True)
-    page.close()
+    live.screenshot_on_failure(page, request)
 
 
 def wait_live(page) -> None:

@@ -9,7 +9,6 @@ from datetime import datetime
 import pytest
 
 from tests.console import live
-from tests.console.test_browser_forms import new_page, sign_in
 
 pytestmark = live.BROWSER_TEST
 
@@ -28,7 +27,7 @@ def console(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def operator(browser, console):
-    context = sign_in(browser, console, "otto", live.PASSWORD)
+    context = live.sign_in(browser, console, "otto", live.PASSWORD)
     yield context
     context.close()
 
@@ -55,7 +54,7 @@ def test_the_lease_list_says_when_a_queued_lease_will_run(operator, console, req
     estimated = console.api("GET", f"/api/leases/{wide['id']}/", token)
     assert moment(estimated["estimated_start"]) == moment(vm["end"])
 
-    page = new_page(operator, request)
+    page = live.new_page(operator, request)
     page.goto(console.url + "/leases/")
     cell = page.locator(f"#lease-table tr[data-lease='{wide['id']}'] [data-estimate]")
     assert "estimated" in cell.inner_text()

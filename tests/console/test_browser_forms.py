@@ -13,8 +13,6 @@ import pytest
 
 from tests.console import live
 
-ARTIFACTS = live.ROOT / "test-artifacts"
-
 pytestmark = live.BROWSER_TEST
 
 ADMIN_PASSWORD = "console-test-admin-password"
@@ -37,55 +35,28 @@ def console(tmp_path_factory):
     live.stop(server.process)
 
 
-def sign_in(browser, console, username: str, password: str):
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    context.set_default_timeout(10_000)
-    page = context.new_page()
-    page.goto(console.url + "/login/")
-    page.fill("input[name=username]", username)
-    page.fill("input[name=password]", password)
-    page.click("button[type=submit]")
-    page.wait_for_url(console.url + "/")
-    page.close()
-    return context
-
-
 @pytest.fixture(scope="module")
 def operator(browser, console):
-    context = sign_in(browser, console, "otto", live.PASSWORD)
+    context = live.sign_in(browser, console, "otto", live.PASSWORD)
     yield context
     context.close()
 
 
 @pytest.fixture(scope="module")
 def admin(browser, console):
-    context = sign_in(browser, console, "ada", ADMIN_PASSWORD)
+    context = live.sign_in(browser, console, "ada", ADMIN_PASSWORD)
     yield context
     context.close()
 
 
-def new_page(context, request):
-    page = context.new_page()
-    request.addfinalizer(lambda: screenshot_on_failure(page, request))
-    return page
-
-
-def screenshot_on_failure(page, request) -> None:
-    report = getattr(request.node, "report_call", None)
-    if report is not None and report.failed:
-        ARTIFACTS.mkdir(exist_ok=True)
-        page.screenshot(path=str(ARTIFACTS / f"{request.node.name}.png"), full_page=True)
-    page.close()
-
-
 @pytest.fixture
 def page(operator, request):
-    return new_page(operator, request)
+    return live.new_page(operator, request)
 
 
 @pytest.fixture
 def admin_page(admin, request):
-    return new_page(admin, request)
+    return live.new_page(admin, request)
 
 
 def submit_lease(page, console, *, name: str, type_: str, vms: int = 1, mem_mib: int = 2048, **extra) -> str:

@@ -15,7 +15,7 @@ import pytest
 
 from tests.console import live
 
-ARTIFACTS = live.ROOT / "test-artifacts"
+ARTIFACTS = live.ARTIFACTS
 
 pytestmark = live.BROWSER_TEST
 
@@ -71,10 +71,7 @@ def wired(browser, console, request):
     page.wait_for_url(console.url + "/")
     page.wait_for_selector("#live-state.ok")
     yield page, wire
-    report = getattr(request.node, "report_call", None)
-    if report is not None and report.failed:
-        ARTIFACTS.mkdir(exist_ok=True)
-        page.screenshot(path=str(ARTIFACTS / f"{request.node.name}.png"), full_page=True)
+    live.screenshot_on_failure(page, request)
     context.close()
 
 

@@ -17,12 +17,11 @@ from __future__ import annotations
 import pytest
 
 from tests.console import live
-from tests.console.test_browser_forms import new_page, sign_in
 from tests.console.test_browser_recovery import admin_token
 
 pytestmark = live.BROWSER_TEST
 
-ARTIFACTS = live.ROOT / "test-artifacts"
+ARTIFACTS = live.ARTIFACTS
 VM = {"cpu_cores": 1, "mem_mib": 6144, "disk_gib": 5}
 # The longest run of text allowed outside a disclosure, in rendered lines at 1,280 px. Before the fix a pending
 # move's message took three lines with this three-node fleet (ten with the demo's twelve).
@@ -82,14 +81,14 @@ def lost(console) -> dict:
 
 @pytest.fixture(scope="module")
 def operator(browser, console):
-    context = sign_in(browser, console, "otto", live.PASSWORD)
+    context = live.sign_in(browser, console, "otto", live.PASSWORD)
     yield context
     context.close()
 
 
 @pytest.fixture
 def page(operator, request):
-    return new_page(operator, request)
+    return live.new_page(operator, request)
 
 
 def last_node(console, lost) -> str:

@@ -14,7 +14,7 @@ import pytest
 
 from tests.console import live
 
-ARTIFACTS = live.ROOT / "test-artifacts"
+ARTIFACTS = live.ARTIFACTS
 
 pytestmark = live.BROWSER_TEST
 
@@ -52,10 +52,7 @@ def page(browser, console, request):
     page.click("button[type=submit]")
     page.wait_for_url(console.url + "/")
     yield page
-    report = getattr(request.node, "report_call", None)
-    if report is not None and report.failed:
-        ARTIFACTS.mkdir(exist_ok=True)
-        page.screenshot(path=str(ARTIFACTS / f"{request.node.name}.png"), full_page=True)
+    live.screenshot_on_failure(page, request)
     context.close()
 
 

@@ -15,7 +15,6 @@ import urllib.error
 import pytest
 
 from tests.console import live
-from tests.console.test_browser_forms import new_page, sign_in
 
 pytestmark = live.BROWSER_TEST
 
@@ -30,14 +29,14 @@ def console(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def operator(browser, console):
-    context = sign_in(browser, console, "otto", live.PASSWORD)
+    context = live.sign_in(browser, console, "otto", live.PASSWORD)
     yield context
     context.close()
 
 
 @pytest.fixture
 def page(operator, request):
-    return new_page(operator, request)
+    return live.new_page(operator, request)
 
 
 def submit(console, body: dict) -> tuple[int, int]:
