@@ -393,3 +393,29 @@ def test_a_scheduler_that_takes_over_another_plans_as_that_one_and_the_other_is_
     assert vars(fresh) == {}
     with pytest.raises(TypeError):
         half.take_over(object())  # type: ignore[arg-type]
+
+
+def test_a_lease_that_cannot_be_requeued_off_an_unusable_node_is_isolated_and_the_tick_goes_on(monkeypatch):
+    # advance() requeues a best-effort lease whose reservation comes due on an excluded node. A lease that raised
+    # there raised out of every tick (and every approval, which advances first): the tick failed for good.
+    s = make(2)
+    s.submit(be(1, 0, 600, F, F), 0)  # both nodes until 600
+    s.submit(be(2, 0, 600), 0)  # queued, with a future reservation from 600
+    s.submit(be(3, 0, 600), 0)  # queued behind it
+    (node,) = {n for _, _, nodes in live(s, 2) for n in nodes}
+    real = Scheduler._requeue
+
+    def broken(self, rec, now):
+        if rec.request.id == 2:
+            real(self, rec, now)
+            raise RuntimeError("injected")
+        real(self, rec, now)
+
+    monkeypatch.setattr(Scheduler, "_requeue", broken)
+    s.advance(600, {node: "draining"})
+    assert s.leases[2].state == LeaseState.FAILED
+    assert [lid for lid, _ in s.take_isolated()] == [2]
+    assert 2 not in s.queue and not [
+        r for r in s.leases[2].reservations if r.status in ("scheduled", "active")
+    ]
+    assert s.leases[3].state == LeaseState.ACTIVE  # the other node runs the rest of the queue
