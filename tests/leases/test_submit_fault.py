@@ -231,3 +231,31 @@ def test_a_defect_that_fails_every_submit_costs_a_pass_a_few_restarts_not_one_pe
     assert placed.lease.state == LeaseState.ACTIVE
     assert picture(cached_scheduler()) == picture(reloaded_scheduler(now))
     assert overcommitted_instants() == []
+
+
+def test_a_cancel_that_raises_part_way_rolls_the_whole_pass_back_and_drops_the_cached_scheduler(
+    busy, monkeypatch
+):
+    # Not the submit's failure mode: a cancel's exception leaves `planning`, so its transaction rolls back and the
+    # half-changed scheduler is never cached; nothing stays `new` to fail the next pass. Kept as a guard.
+    now, victim = busy
+    later = now + timedelta(seconds=1)
+
+    def broken(self, now):
+        raise RuntimeError("injected fault after the lease's VMs were stopped")
+
+    monkeypatch.setattr(Scheduler, "_reevaluate", broken)
+    with pytest.raises(RuntimeError):
+        actions.do_cancel_lease(None, victim.pk, now=later)
+    assert store._cache.value is None
+    victim.refresh_from_db()
+    assert victim.state == LeaseState.ACTIVE
+    monkeypatch.undo()
+    placed = actions.do_submit_lease(
+        None,
+        actions.LeaseSpec(name="next", type="immediate", duration_s=600, vnodes=[vm(cores=1)]),
+        now=later,
+    )
+    assert placed.lease.state == LeaseState.ACTIVE
+    assert picture(cached_scheduler()) == picture(reloaded_scheduler(later))
+    assert overcommitted_instants() == []
