@@ -159,7 +159,13 @@ class Scheduler(Explaining):
             if not bad:
                 continue
             reason = "; ".join(f"node {n} {self._excluded[n]}" for n in bad)
-            self._requeue(rec, now)
+            try:
+                self._requeue(rec, now)
+            except Exception as exc:
+                # Left to raise, one such lease failed every tick (and every approval, which advances first)
+                # from then on: it is isolated, as the event loop and the queue isolate theirs.
+                self._contain(rec, now, exc)
+                continue
             replaced.append((rec.request.id, reason))
         return replaced
 

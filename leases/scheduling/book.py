@@ -153,6 +153,22 @@ class PlanBook:
         for memo in (self._smallest, self._orders, self._barred):
             memo.pop(lease_id, None)
 
+    def take_over(self, other: PlanBook) -> None:
+        """Become `other`, which is used up: its leases, table, queue, events, journal and memos replace this
+        book's own, and this object stays the one its holders know.
+
+        The plan applier's way back from a submit that raised part-way (leases/store.py, `_plan_intents`). What
+        such a submit changed is spread over other leases' records (a preemption retimes a VM and adds
+        suspensions), the table, the queue, the event heap, the journal and a dozen memos; there is no undo log
+        of all that, and a half-right undo would leave a cached scheduler that no longer matches the database.
+        A scheduler built again from the records the pass started from is right by construction."""
+        if type(other) is not type(self):
+            raise TypeError(f"cannot take over a {type(other).__name__} as a {type(self).__name__}")
+        state = vars(self)
+        state.clear()
+        state.update(vars(other))
+        vars(other).clear()  # two live views of one state would drift apart: `other` is unusable from here
+
     def _drop_from_queue(self, lease_id: int) -> None:
         self._queue = [q for q in self._queue if q[2] != lease_id]
 

@@ -366,3 +366,56 @@ def test_a_lease_the_greedy_first_choice_holds_too_briefly_waits_in_haizea_and_r
         assert s.leases[3].state == LeaseState.READY and s.leases[3].current_vm().start > 0
     else:
         assert live(s, 3) == [(0, 3600, [placed_on])]
+
+
+def test_a_scheduler_that_takes_over_another_plans_as_that_one_and_the_other_is_used_up():
+    # The plan applier's way back from a submit that raised part-way: the half-changed scheduler becomes one built
+    # again from the records the pass started from, and stays the object the pass holds.
+    half = make()
+    half.submit(be(1, 0, 100, F, F, F, F), 0)
+    half.submit(ar(2, 0, 50, 100, F, F, F, F), 0)  # preempted lease 1 and placed itself
+    fresh = make()
+    fresh.submit(be(1, 0, 100, F, F, F, F), 0)
+    fresh.take_changes()
+    expected = make()
+    expected.submit(be(1, 0, 100, F, F, F, F), 0)
+    expected.take_changes()
+    assert half.leases[2].state == LeaseState.READY and live(half, 1) != live(expected, 1)
+    held = half
+    half.take_over(fresh)
+    assert half is held
+    assert 2 not in half.leases and half.take_changes() == []
+    assert live(half, 1) == live(expected, 1) and half.next_rid == expected.next_rid
+    assert half.leases[1].state == expected.leases[1].state == LeaseState.ACTIVE
+    # It goes on planning as the fresh one would have.
+    assert half.submit(im(3, 10, 20, F), 10).accepted == expected.submit(im(3, 10, 20, F), 10).accepted
+    assert live(half, 3) == live(expected, 3) and half.take_changes() == expected.take_changes()
+    assert vars(fresh) == {}
+    with pytest.raises(TypeError):
+        half.take_over(object())  # type: ignore[arg-type]
+
+
+def test_a_lease_that_cannot_be_requeued_off_an_unusable_node_is_isolated_and_the_tick_goes_on(monkeypatch):
+    # advance() requeues a best-effort lease whose reservation comes due on an excluded node. A lease that raised
+    # there raised out of every tick (and every approval, which advances first): the tick failed for good.
+    s = make(2)
+    s.submit(be(1, 0, 600, F, F), 0)  # both nodes until 600
+    s.submit(be(2, 0, 600), 0)  # queued, with a future reservation from 600
+    s.submit(be(3, 0, 600), 0)  # queued behind it
+    (node,) = {n for _, _, nodes in live(s, 2) for n in nodes}
+    real = Scheduler._requeue
+
+    def broken(self, rec, now):
+        if rec.request.id == 2:
+            real(self, rec, now)
+            raise RuntimeError("injected")
+        real(self, rec, now)
+
+    monkeypatch.setattr(Scheduler, "_requeue", broken)
+    s.advance(600, {node: "draining"})
+    assert s.leases[2].state == LeaseState.FAILED
+    assert [lid for lid, _ in s.take_isolated()] == [2]
+    assert 2 not in s.queue and not [
+        r for r in s.leases[2].reservations if r.status in ("scheduled", "active")
+    ]
+    assert s.leases[3].state == LeaseState.ACTIVE  # the other node runs the rest of the queue
