@@ -382,9 +382,7 @@ def _planning(now: datetime, *, try_lock: bool = False) -> Iterator[Planning]:
         _cache.value = None  # until this transaction commits, nothing in memory can be trusted
         sched = _current_scheduler(cached, state, nodes, fingerprint)
         plan = Planning(scheduler=sched, now=now, excluded=excluded_nodes(nodes), nodes=nodes)
-        sched.settle(plan.t)
-        sched.replaced = []  # set again by this pass's advance(), if it runs one
-        sched.observe(*observed_extra(nodes, sched, plan.t, plan.excluded))
+        _prepare(sched, plan)
         # Group commit: every pass, whoever runs it (a submission, a cancel, an approval, the tick), first plans
         # every lease request that waits, so a burst of requests costs one pass, not one pass each.
         batch = _plan_intents(plan)
@@ -587,6 +585,13 @@ def _submit_intents(
     return decided
 
 
+def _prepare(sched: Scheduler, plan: Planning) -> None:
+    """A pass's scheduler made ready to plan: time moved to the pass's `now`, the now-gate's figures observed."""
+    sched.settle(plan.t)
+    sched.replaced = []  # set again by this pass's advance(), if it runs one
+    sched.observe(*observed_extra(plan.nodes, sched, plan.t, plan.excluded))
+
+
 def _restart_pass(plan: Planning) -> None:
     """Puts the pass's scheduler back where the pass started: built again from the database (which this pass has
     not written yet) and prepared as `_planning` prepares it, in place, because the pass holds that object and
@@ -594,9 +599,7 @@ def _restart_pass(plan: Planning) -> None:
     started = time.perf_counter()
     state = SchedulerState.objects.get(pk=1)
     fresh = load(plan.nodes, state.next_rid)
-    fresh.settle(plan.t)
-    fresh.replaced = []
-    fresh.observe(*observed_extra(plan.nodes, fresh, plan.t, plan.excluded))
+    _prepare(fresh, plan)
     plan.scheduler.take_over(fresh)
     took = time.perf_counter() - started
     log.warning("planning pass restarted after a failed submit", extra={"seconds": round(took, 3)})
