@@ -19,6 +19,8 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from leases.slots.lines import (
     NEAR,
     Index,
@@ -68,6 +70,9 @@ class SlotTable:
         self._dirty: set[int] = set()
         # Sets that want to know every node written to from now on (the mapper's kept host rankings).
         self.watchers: list[set[int]] = []
+        # Per node, its reservations as (start, end, use there, reservation) in (start, rid) order, built when
+        # `blockers` first asks and dropped when the node is written to.
+        self._uses: dict[int, tuple] = {}
         for cap in self._caps.values():
             self._total_cap = (
                 self._total_cap[0] + cap[0],
@@ -297,34 +302,47 @@ class SlotTable:
             return []
         lim, dims = limit
         line = self._line(node)
-        short_segments = []
+        # The short segments merged into runs (contiguous, short in the same dimensions): a node filled for the
+        # whole window is one run however many reservations end inside it.
+        runs: list[list] = []
         for seg_start, seg_end, level in line.segments(start, end):
             short = [d for d in dims if level[d] > lim[d]]
-            if short:
-                short_segments.append((seg_start, seg_end, short))
-        if not short_segments:
+            if not short:
+                continue
+            if runs and runs[-1][1] == seg_start and runs[-1][2] == short and seg_start < seg_end:
+                runs[-1][1] = seg_end
+            else:
+                runs.append([seg_start, seg_end, short])
+        if not runs:
             return []
-        # One walk over the node's reservations, not one per short segment: a node filled by sixty leases ending
-        # at sixty different times has sixty segments, and asking `reservations` of each (filter and sort all
-        # sixty) was most of explaining a decision once a bulk approval had filled a few nodes.
-        # The segments are in time order and do not overlap: each reservation looks only at the ones from the
-        # first that ends after it starts.
-        by_rid = self._index.by_rid
-        ends = [seg_end for _, seg_end, _ in short_segments]
-        culprits = []
-        for rid in line.rids:
-            r = by_rid[rid]
-            use = None
-            for j in range(bisect_right(ends, r.start) if start < end else 0, len(short_segments)):
-                seg_start, seg_end, short = short_segments[j]
-                if seg_start > r.start and seg_start >= r.end:
-                    break
-                if r.overlaps(seg_start, seg_end):
-                    use = use or vec(r.alloc[node])
-                    if any(use[d] > 0 for d in short):
-                        culprits.append(r)
-                        break
-        return sorted(culprits, key=lambda r: (r.start, r.rid))
+        # One pass in numpy columns over the node's reservations per run, not a `reservations` query (filter and
+        # sort every reservation there) per segment: a bulk approval explains a hundred moves over the same few
+        # full nodes, sixty reservations each, and this was most of explaining them. The columns are kept until
+        # the node is next written.
+        starts, ends, uses, rows = self._uses_on(node, line)
+        hit = np.zeros(len(rows), dtype=bool)
+        for run_start, run_end, short in runs:
+            if run_start == run_end:  # an instant: the reservations running then
+                overlap = (starts <= run_start) & (ends > run_start)
+            else:
+                overlap = ((starts < run_end) & (ends > run_start)) | (
+                    (starts == ends) & (starts >= run_start) & (starts < run_end)
+                )
+            hit |= overlap & (uses[:, short] > 0).any(axis=1)
+        return [rows[i] for i in np.flatnonzero(hit).tolist()]
+
+    def _uses_on(self, node: int, line: Line):
+        got = self._uses.get(node)
+        if got is None:
+            by_rid = self._index.by_rid
+            rows = sorted((by_rid[rid] for rid in line.rids), key=lambda r: (r.start, r.rid))
+            got = self._uses[node] = (
+                np.array([r.start for r in rows], dtype=float),
+                np.array([r.end for r in rows], dtype=float),
+                np.array([vec(r.alloc[node]) for r in rows], dtype=np.int64).reshape(len(rows), 5),
+                rows,
+            )
+        return got
 
     def envelope(self, node: int, start: float) -> list[tuple[Res, float]]:
         """Haizea's ongoing availability from `start`: (available, until) pairs, non-increasing per resource.
@@ -448,6 +466,8 @@ class SlotTable:
                 raise Overcommit(node, instant, unvec(v), self.available_at(node, instant))
             added.append((node, v))
         self._writable_index().by_rid[rid] = r
+        for node in r.alloc:
+            self._uses.pop(node, None)  # they list the reservation as it was
 
     def copy(self) -> SlotTable:
         """A snapshot to plan on; node step functions are shared and cloned only when one side writes."""
@@ -463,6 +483,7 @@ class SlotTable:
         other._index_owned = self._index_owned = False
         other._total_owned = self._total_owned = False
         other._arrays, other._dirty, other.watchers = None, set(), []
+        other._uses = {}
         return other
 
     def arrays(self) -> NodeArrays:
@@ -491,6 +512,7 @@ class SlotTable:
 
     def _writable_line(self, node: int) -> Line:
         self._dirty.add(node)
+        self._uses.pop(node, None)
         for watcher in self.watchers:
             watcher.add(node)
         if node not in self._owned:
