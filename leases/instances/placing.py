@@ -293,7 +293,8 @@ def decide_move(
     refused = first if first is not None else report([])
     refused.chosen = []
     refused.outcome = _no_placement(refused.counts)
-    refused.message = refused.summary
+    # The outcome first, as the placer worded it ("fleet at capacity: ..."): the console and operators read it.
+    refused.message = f"{refused.outcome.replace('_', ' ')}: {refused.summary}"
     return MoveDecision(None, refused, passed_over)
 
 

@@ -107,6 +107,7 @@ def test_approvals_in_one_batch_account_for_each_other_and_the_one_that_no_longe
     assert overcommitted_instants() == []
     left = Reschedule.objects.get(pk=proposals[4].pk)
     assert left.status == "pending" and left.blocked_by in ("at_capacity", "reserved")
+    assert left.message.startswith("still pending: fleet at capacity: needs 1 × (1 core, 3 GiB"), left.message
     assert left.report.outcome == "fleet_at_capacity" and left.report.chosen == []
     assert {row["node"]: row["fit"] for row in left.report.rows} == {
         "host1": False,
