@@ -87,13 +87,29 @@ def bench_env(database_url: str) -> dict[str, str]:
 
 
 def start_django(database_url: str) -> None:
-    """Configures Django on `database_url` in this process and migrates it."""
+    """Configures Django on `database_url` in this process and migrates it; then, start-up done, tunes the
+    garbage collector as a server process does (slotkeeper/collector.py; SLOTKEEPER_GC_THRESHOLD=0 in the
+    environment keeps CPython's defaults, here and in the Daphne and worker processes a benchmark starts)."""
     os.environ.update(bench_env(database_url))
     import django
     from django.core.management import call_command
 
     django.setup()
     call_command("migrate", verbosity=0)
+    from slotkeeper.collector import tune_from_settings
+
+    tune_from_settings()
+
+
+def use_collector(choice: str) -> None:
+    """`--collector default`: CPython's collector settings in this process and the ones it starts."""
+    if choice == "default":
+        os.environ["SLOTKEEPER_GC_THRESHOLD"] = "0"
+
+
+COLLECTOR_HELP = (
+    "the garbage collector as a server process sets it (slotkeeper/collector.py), or CPython's defaults"
+)
 
 
 @dataclass

@@ -31,12 +31,18 @@ writes its sentences now) and the whole `do_submit_lease` call.
 
     .venv/bin/python bench/bench_reports.py [--quick] [--nodes 1000] [--reservations 10000] [--decisions 50]
     .venv/bin/python bench/bench_reports.py --profile      # cProfile of the report step of rejected submissions
+    .venv/bin/python bench/bench_reports.py --collector default   # CPython's collector settings, for comparison
+
+The process runs with the collector settings a Slotkeeper server runs with (slotkeeper/collector.py, applied
+once start-up is done, as slotkeeper/asgi.py does), unless `--collector default`; the collections during the
+measured submissions are counted and timed.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import json
 import os
 import pstats
@@ -52,7 +58,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_heartbeats import fresh_sqlite, pct, start_django
+from bench_heartbeats import COLLECTOR_HELP, fresh_sqlite, pct, start_django, use_collector
 
 SQLITE_PATH = Path("/tmp/slotkeeper_bench_reports.sqlite3")
 TARGET_KIB = 40.0
@@ -348,6 +354,27 @@ def spec_of(kind: str, i: int, busy_mib: int):
 KINDS = ("placed", "rejected (busy)", "rejected (capability)")
 
 
+class Pauses:
+    """The garbage collector's collections (a `gc.callbacks` entry): how many, by generation, and their time."""
+
+    def __init__(self) -> None:
+        self.started = 0.0
+        self.count: Counter[int] = Counter()
+        self.times: list[float] = []
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self.started = time.perf_counter()
+        else:
+            self.count[info["generation"]] += 1
+            self.times.append(1000 * (time.perf_counter() - self.started))
+
+    def __str__(self) -> str:
+        gens = ", ".join(f"generation {g}: {n}" for g, n in sorted(self.count.items())) or "none"
+        longest = max(self.times, default=0.0)
+        return f"collections over all the submissions {gens}; {sum(self.times):.0f} ms in all, longest {longest:.1f} ms"
+
+
 def measure(probe: Probe, kind: str, decisions: int, busy_mib: int) -> list[Sample]:
     from django.utils import timezone
 
@@ -472,6 +499,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--profile", action="store_true", help="profile the report step instead")
     parser.add_argument(
+        "--collector",
+        choices=["service", "default"],
+        default="service",
+        help=COLLECTOR_HELP,
+    )
+    parser.add_argument(
         "--profile-kind",
         default="rejected (busy)",
         choices=["placed", "rejected (busy)", "rejected (capability)"],
@@ -482,6 +515,7 @@ def main() -> None:
     reservations = args.reservations or (3000 if args.quick else 10_000)
     # A day-old heartbeat stays stale and the rest stay fresh for the whole run, however long the set-up takes.
     os.environ["SLOTKEEPER_HEALTH_MAX_AGE_S"] = "3600"
+    use_collector(args.collector)
     start_django(fresh_sqlite(SQLITE_PATH))
     from django.utils import timezone
 
@@ -507,7 +541,11 @@ def main() -> None:
         profile(decisions, busy_mib, args.profile_kind)
         return
     probe = Probe()
+    pauses = Pauses()
+    gc.callbacks.append(pauses)
     results = [report(kind, measure(probe, kind, decisions, busy_mib)) for kind in KINDS]
+    gc.callbacks.remove(pauses)
+    print(f"\n  collector: {args.collector} {gc.get_threshold()}, {pauses}")
     print(
         f"\n  overall: {'PASS' if all(results) else 'FAIL'} (stored <= {TARGET_KIB:g} KiB, build + write p99 "
         f"<= {TARGET_MS:g} ms CPU)"

@@ -6,11 +6,14 @@ decision rule lives in capacity.py, so the live service, the preview API and the
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from datetime import datetime
 
 from django.conf import settings
+from django.db.models import FloatField, Func, TextField
+from django.db.models.functions import Cast
 
 from fleet import capacity, reports
 from fleet.models import Node, PlacementReport
@@ -48,30 +51,44 @@ def snapshot(
 
 def states_from_rows(now: datetime) -> list[capacity.NodeState]:
     """The fleet as NodeStates straight from tuples, without claims and without model objects: what the plan
-    applier needs on every commit (1,000 nodes as model objects cost more than the plan itself)."""
-    fields = [f for f in NODE_FIELDS if f != "last_heartbeat_at"]
-    out = []
-    for row in Node.objects.order_by("id").values_list(*fields, "last_heartbeat_at"):
-        values = dict(zip(fields, row, strict=False))
-        seen = row[-1]
-        out.append(
-            capacity.NodeState(
-                id=values["id"],
-                name=values["name"],
-                status=values["status"],
-                capabilities=frozenset(values["capabilities"] or ()),
-                cpu_cores=values["cpu_cores"],
-                mem_total_mib=values["mem_total_mib"],
-                disk_total_gib=values["disk_total_gib"],
-                health_age_s=max((now - seen).total_seconds(), 0.0) if seen else None,
-                observed_mem_total_mib=values["obs_mem_total_mib"],
-                observed_mem_used_mib=values["obs_mem_used_mib"],
-                disk_free_gib=values["obs_disk_free_gib"],
-                cpu_pct=values["obs_cpu_pct"],
-                idle_baseline_mib=values["idle_baseline_mib"],
-            )
+    applier needs on every pass. The last heartbeat comes as epoch seconds and the capabilities as their JSON
+    text, parsed once per distinct list: at 1,000 nodes, converting a datetime and a JSON list per row cost more
+    than the query (docs/BENCHMARKS.md, "Placement preview", run 3)."""
+    now_s = now.timestamp()
+    capabilities: dict[str | None, frozenset[str]] = {}
+    rows = (
+        Node.objects.order_by("id")
+        .annotate(seen_s=EpochSeconds("last_heartbeat_at"), caps=Cast("capabilities", TextField()))
+        .values_list(
+            "id", "name", "status", "caps", "cpu_cores", "mem_total_mib", "disk_total_gib", "seen_s",
+            "obs_mem_total_mib", "obs_mem_used_mib", "obs_disk_free_gib", "obs_cpu_pct", "idle_baseline_mib",
         )
+    )  # fmt: skip
+    out = []
+    for node_id, name, status, caps, cpu, mem, disk, seen, *observed in rows:
+        got = capabilities.get(caps)
+        if got is None:
+            got = capabilities[caps] = frozenset(json.loads(caps) or ()) if caps else frozenset()
+        age = max(now_s - seen, 0.0) if seen is not None else None
+        out.append(capacity.NodeState.read(node_id, name, status, got, cpu, mem, disk, age, *observed))
     return out
+
+
+class EpochSeconds(Func):
+    """A timestamp as seconds since 1970 (a float), computed by the database: no datetime object per row."""
+
+    output_field = FloatField()
+
+    def as_sqlite(self, compiler, connection, **extra):
+        # Django stores an aware datetime in SQLite as UTC text, which julianday() reads.
+        return self.as_sql(
+            compiler, connection, template="((julianday(%(expressions)s) - 2440587.5) * 86400.0)"
+        )
+
+    def as_postgresql(self, compiler, connection, **extra):
+        return self.as_sql(
+            compiler, connection, template="EXTRACT(EPOCH FROM %(expressions)s)::double precision"
+        )
 
 
 def to_state(node: Node, now: datetime, running=(), pending=()) -> capacity.NodeState:

@@ -12,11 +12,9 @@ A row, as the API and the console show it:
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from itertools import compress
 from typing import Any
 
 import numpy as np
@@ -50,12 +48,15 @@ class Verdict:
 @dataclass(frozen=True, slots=True)
 class Columns:
     """Every node's verdict as one list per field, in node order: what the scheduler's vectorised pass builds and
-    what `encode` stores, with no object per node. `dim` indexes DIMENSIONS; `rank` is 0 where none applies. The
-    number columns may be numpy arrays (the scheduler's pass hands its arrays over as they are)."""
+    what `encode` stores, with no object per node. `dim` indexes DIMENSIONS; `rank` is 0 where none applies.
+    `code` and `note` are indexes into `codes` and `texts` (-1: none), so a pass over the fleet sets them with
+    array operations and `encode` stores them without a lookup per node. The number columns may be numpy arrays
+    (the scheduler's pass hands its arrays over as they are)."""
 
     node: IntColumn
     holds: IntColumn
-    code: list[str | None]
+    code: IntColumn
+    codes: Sequence[str]
     dim: IntColumn
     need: IntColumn
     free: IntColumn
@@ -63,14 +64,20 @@ class Columns:
     rank: IntColumn
     chosen: list[int]  # node ids
     blockers: dict[int, tuple[int, ...]]
-    note: list[str]
+    note: IntColumn
+    texts: Sequence[str]
 
     @classmethod
     def of(cls, verdicts: Sequence[Verdict]) -> Columns:
+        codes = sorted({v.code for v in verdicts if v.code})
+        texts = list(dict.fromkeys(v.note for v in verdicts if v.note))
+        code_at = {c: i for i, c in enumerate(codes)}
+        text_at = {t: i for i, t in enumerate(texts)}
         return cls(
             node=[v.node for v in verdicts],
             holds=[v.holds for v in verdicts],
-            code=[v.code for v in verdicts],
+            code=[code_at.get(v.code, -1) if v.code else -1 for v in verdicts],
+            codes=codes,
             dim=[DIMENSIONS.index(v.dim) for v in verdicts],
             need=[v.need for v in verdicts],
             free=[v.free for v in verdicts],
@@ -78,18 +85,20 @@ class Columns:
             rank=[v.rank or 0 for v in verdicts],
             chosen=[v.node for v in verdicts if v.chosen],
             blockers={v.node: v.blockers for v in verdicts if v.blockers},
-            note=[v.note for v in verdicts],
+            note=[text_at[v.note] if v.note else -1 for v in verdicts],
+            texts=texts,
         )
 
     def verdicts(self) -> list[Verdict]:
         chosen = set(self.chosen)
         holds, dim, need, free = _plain(self.holds), _plain(self.dim), _plain(self.need), _plain(self.free)
         allocatable, rank = _plain(self.allocatable), _plain(self.rank)
+        code, note = _plain(self.code), _plain(self.note)
         return [
             Verdict(
                 node,
                 holds[i],
-                self.code[i],
+                self.codes[code[i]] if code[i] >= 0 else None,
                 DIMENSIONS[dim[i]],
                 need[i],
                 free[i],
@@ -97,7 +106,7 @@ class Columns:
                 rank[i] or None,
                 node in chosen,
                 self.blockers.get(node, ()),
-                self.note[i],
+                self.texts[note[i]] if note[i] >= 0 else "",
             )
             for i, node in enumerate(_plain(self.node))
         ]
@@ -111,17 +120,18 @@ def encode(
     summary: str,
     headroom: Sequence[float | None] | None = None,
 ) -> dict[str, Any]:
-    """The stored form: columns in node order, codes as indexes into `codes`, the rest sparse."""
+    """The stored form: columns in node order, codes as indexes into `codes`, the rest sparse. Array operations
+    only: no step per node (a 1,000-node report is written in every decision)."""
     cols = verdicts if isinstance(verdicts, Columns) else Columns.of(verdicts)
-    held = np.asarray(cols.holds) > 0
-    # Codes counted in C, over the nodes that hold none of it (Nomad's "filtered" and "exhausted" counts).
-    tally = Counter(compress(cols.code, (~held).tolist()))
-    fit = int(held.sum())
-    codes: list[str] = sorted({c for c in cols.code if c is not None})  # also a code on a node holding some
-    index: dict[str | None, int] = {c: i for i, c in enumerate(codes)}
-    index[None] = -1
-    counts: dict[str, int] = {"evaluated": len(cols.code), "fit": fit}
-    counts.update((c, tally[c]) for c in codes if tally[c])
+    holds = np.asarray(cols.holds)
+    held = holds > 0
+    codes, code = _used(np.asarray(cols.code, dtype=np.int64), cols.codes, sort=True)
+    # Codes counted over the nodes that hold none of it (Nomad's "filtered" and "exhausted" counts).
+    tally = np.bincount(code[~held & (code >= 0)], minlength=len(codes))
+    counts: dict[str, int] = {"evaluated": len(holds), "fit": int(held.sum())}
+    counts.update((c, int(n)) for c, n in zip(codes, tally.tolist(), strict=True) if n)
+    dim = np.asarray(cols.dim, dtype=np.int64)
+    need = np.asarray(cols.need, dtype=np.int64)
     blob: dict[str, Any] = {
         "v": VERSION,
         "start": start,
@@ -129,36 +139,59 @@ def encode(
         "summary": summary,
         "counts": counts,
         "node": _steps(cols.node),
-        "holds": _runs(cols.holds),
-        "code": _runs(list(map(index.__getitem__, cols.code))),
+        "holds": _runs(holds),
+        "code": _runs(code),
         "codes": codes,
-        "dim": _runs(cols.dim),
-        "need": _plain(cols.need),
+        "dim": _runs(dim),
+        "need": _per_dim(dim, need) or need.tolist(),
         "free": _plain(cols.free),
         "alloc": _plain(cols.allocatable),
-        "rank": _plain(cols.rank),
+        "rank": _runs(cols.rank),
         "chosen": cols.chosen,
         "blockers": {str(n): list(b[:5]) for n, b in cols.blockers.items() if b},
     }
-    # Exclusion sentences are few and repeated ("lacks accel.gpu" on most of a fleet): each stored once.
-    texts = [t for t in dict.fromkeys(cols.note) if t]
+    # Exclusion sentences are few and repeated ("lacks accel.gpu" on most of a fleet): each stored once, in the
+    # order they first appear.
+    texts, note = _used(np.asarray(cols.note, dtype=np.int64), cols.texts, sort=False)
     if texts:
-        seen = {t: i for i, t in enumerate(texts)}
-        seen[""] = -1
         blob["texts"] = texts
-        blob["note"] = _runs(list(map(seen.__getitem__, cols.note)))
+        blob["note"] = _runs(note)
     if headroom is not None:
         blob["headroom"] = list(headroom)
-    # The same VM on every node: one figure per dimension instead of one per node when they agree.
-    per_dim = set(zip(_plain(cols.dim), blob["need"], strict=True))
-    if len(per_dim) == len({d for d, _ in per_dim}):
-        blob["need"] = {DIMENSIONS[d]: n for d, n in per_dim}
     return blob
 
 
-# Columns that may be stored packed: runs of one value (most nodes fit, or share a code, a dimension, no note)
-# and steps of consecutive node ids. Packing halves a 1,000-node report's JSON, and so the time to write it.
-_PACKED = ("node", "holds", "code", "dim", "note")
+def _used(
+    index: npt.NDArray[np.int64], table: Sequence[str], *, sort: bool
+) -> tuple[list[str], npt.NDArray[np.int64]]:
+    """The entries of `table` that `index` uses (by name when `sort`, else in order of first use) and `index`
+    renumbered into them; -1 stays -1."""
+    used, first = np.unique(index[index >= 0], return_index=True)
+    names = used.tolist()
+    order = (
+        sorted(range(len(names)), key=lambda k: table[names[k]]) if sort else np.argsort(first, kind="stable")
+    )
+    kept = used[order]
+    renumber = np.full(len(table) + 1, -1, dtype=np.int64)  # shifted by one, so -1 reads slot 0
+    renumber[kept + 1] = np.arange(len(kept))
+    return [table[i] for i in kept.tolist()], renumber[index + 1]
+
+
+def _per_dim(dim: npt.NDArray[np.int64], need: npt.NDArray[np.int64]) -> dict[str, int] | None:
+    """The same VM on every node: one figure per dimension instead of one per node, when they agree."""
+    out = {}
+    for d in np.unique(dim).tolist():
+        of_d = need[dim == d]
+        if of_d.min() != of_d.max():
+            return None
+        out[DIMENSIONS[d]] = int(of_d[0])
+    return out
+
+
+# Columns that may be stored packed: runs of one value (most nodes fit, or share a code, a dimension, no note,
+# no rank) and steps of consecutive node ids. Packing halves a 1,000-node report's JSON, and so the time to write
+# it.
+_PACKED = ("node", "holds", "code", "dim", "note", "rank")
 
 
 def _runs(values: IntColumn) -> list[int] | dict[str, list[int]]:

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from fleet.capacity import BLIND, PERMANENT
 from fleet.models import PlacementReport, SweepState
-from leases import reads, store, vnodes
+from leases import forecasting, reads, store, vnodes
 from leases.alerts import raise_alert, resolve_open
 from leases.lifecycle import IllegalTransition, LeaseState
 from leases.models import Alert, Group, Lease, SchedulerState
@@ -105,8 +105,14 @@ def do_submit_lease(actor, spec: LeaseSpec, *, now: datetime) -> Submitted:
     # "placed by the queue" reports, which are not this request's answer).
     report = PlacementReport.objects.filter(subject=f"lease:{lease.pk}").order_by("id").first()
     assert report is not None, f"lease {lease.pk} was decided without a report"
-    accepted = report.outcome != "rejected"
-    decision = Decision(accepted, lease.pk, LeaseState(lease.state), report.message)
+    # The report says what the pass decided; the lease's state says whether that still holds. A lease the
+    # scheduler isolated (failed) after its report was written (later in the same pass, the tick's part of it,
+    # or a pass that ran before this waiter woke) was answered 201 "placed" while it had failed.
+    state = LeaseState(lease.state)
+    refused = state in (LeaseState.FAILED, LeaseState.REJECTED)
+    accepted = report.outcome != "rejected" and not refused
+    message = lease.message if state == LeaseState.FAILED and lease.message else report.message
+    decision = Decision(accepted, lease.pk, state, message)
     return Submitted(lease, decision, report)
 
 
@@ -218,15 +224,19 @@ def recorded_tick(now: datetime) -> Iterator[None]:
 
 
 def advance(now: datetime) -> None:
-    """The lease part of the tick: starts and ends due reservations, processes the queue and re-evaluates."""
-    with store.planning(now) as plan:
-        plan.tick = True
-        plan.scheduler.advance(plan.t, plan.excluded)
-        for lease_id, reason in plan.scheduler.replaced:
-            lease = Lease.objects.get(pk=lease_id)
-            lease.message = f"re-placed when its reservation came due: {reason}"
-            lease.save(update_fields=["message"])
-            audit.record(at=now, actor=None, action="lease.replace", target=lease, reason=reason)
+    """The lease part of the tick: starts and ends due reservations, processes the queue and re-evaluates; then,
+    outside the plan lock, the queue forecast its pass handed off (a large queue's: leases/forecasting.py)."""
+    with forecasting.runner() as may_forecast:
+        with store.planning(now) as plan:
+            plan.tick = may_forecast
+            plan.scheduler.advance(plan.t, plan.excluded)
+            for lease_id, reason in plan.scheduler.replaced:
+                lease = Lease.objects.get(pk=lease_id)
+                lease.message = f"re-placed when its reservation came due: {reason}"
+                lease.save(update_fields=["message"])
+                audit.record(at=now, actor=None, action="lease.replace", target=lease, reason=reason)
+        if plan.forecast is not None:
+            forecasting.complete(plan.forecast)
 
 
 def _tick_failed(now: datetime, exc: Exception) -> None:

@@ -3,6 +3,8 @@ and cancelling one. The writes stay in leases/actions.py; these only turn a post
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.http import QueryDict
 
 from leases.api.serializers import CancelSerializer, LeaseCreateSerializer
@@ -33,7 +35,8 @@ def lease_field(path: str) -> str:
     return parts[0]
 
 
-def check_lease(post: QueryDict) -> Checked:
+def check_lease(post: QueryDict, *, now: datetime | None = None) -> Checked:
+    """The posted form as the API's request; `now`, the request's arrival, is what "in the past" is judged by."""
     values = {
         name: post.get(name, "").strip()
         for name in ("name", "type", "start", "duration_s", "vms", "capabilities", *SIZE_FIELDS)
@@ -52,13 +55,16 @@ def check_lease(post: QueryDict) -> Checked:
     if values["start"]:
         body["start"] = values["start"]  # ISO; without a zone it is UTC, as in the API
     vnode = {name: number(values[name]) for name in SIZE_FIELDS if values[name]}
+    context = {"now": now} if now is not None else None
     count = number(values["vms"] or "1")
     if not isinstance(count, int) or count < 1:
-        out = check(LeaseCreateSerializer, {**body, "nodes": [vnode]}, values, field_of=lease_field)
+        out = check(
+            LeaseCreateSerializer, {**body, "nodes": [vnode]}, values, field_of=lease_field, context=context
+        )
         out.add("vms", "A whole number of VMs, at least 1.")
         return out
     body["nodes"] = [dict(vnode) for _ in range(min(count, MAX_VMS))]
-    return check(LeaseCreateSerializer, body, values, field_of=lease_field)
+    return check(LeaseCreateSerializer, body, values, field_of=lease_field, context=context)
 
 
 def check_cancel(post: QueryDict) -> Checked:

@@ -175,11 +175,15 @@ class SchedulerState(models.Model):
     tick_failures = models.PositiveIntegerField(default=0)
     tick_failed_at = models.DateTimeField(null=True, blank=True)
     tick_error = models.TextField(blank=True)
-    # The queue forecast: when it was last computed, what it was computed from (the queue, the unusable nodes and
-    # the fleet's shape, hashed), and whether a planning pass changed the plan since (leases/forecasting.py).
+    # The queue forecast: when the estimates on the leases were last written (the plan's time they describe),
+    # what the last forecast taken was computed from (the queue, the unusable nodes and the fleet's shape, hashed),
+    # whether a planning pass changed what it reads since, and the plan version it was taken at: a forecast
+    # computed outside the plan lock is written only while that version and "not stale" still hold
+    # (leases/forecasting.py).
     forecast_at = models.DateTimeField(null=True, blank=True)
     forecast_signature = models.CharField(max_length=64, blank=True, default="")
     forecast_stale = models.BooleanField(default=True)
+    forecast_version = models.PositiveBigIntegerField(default=0)
 
     def __str__(self) -> str:
         return f"scheduler state v{self.version}"

@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from leases.lifecycle import LeaseState, lease_transition
 from leases.scheduling.explain import Explaining
-from leases.scheduling.forecast import Estimate, forecast
+from leases.scheduling.forecast import Estimate, Snapshot, forecast, snapshot
 from leases.scheduling.records import (
     ACTIVE,
     ADVANCE_RESERVATION,
@@ -65,7 +65,9 @@ __all__ = [
     "ReservationRecord",
     "Scheduler",
     "SchedulerConfig",
+    "Snapshot",
     "forecast",
+    "snapshot",
 ]
 
 _S = LeaseState
@@ -276,8 +278,17 @@ class Scheduler(Explaining):
             return f"{len(req.vnodes)} vnode(s) of this size do not fit even on the whole, empty fleet"
         if req.type == ADVANCE_RESERVATION and self.config.policy_admission == "no-ARs":
             return "advance reservations are not admitted (policy-admission = no-ARs)"
-        if req.type == ADVANCE_RESERVATION and (req.start is None or req.start < now):
-            return "an advance reservation must start at or after now"
+        if req.type == ADVANCE_RESERVATION:
+            # "In the past" is judged at the request's arrival (`submit`), not at the pass that plans it: group
+            # commit plans every waiting request at the pass's one `now`, and a start that was ahead when the
+            # request arrived may have passed by then. Such a late AR gets the rest of its window (see
+            # `_ar_window`); only one whose whole window has passed is refused for lateness.
+            if req.start is None or req.start < req.submit:
+                when = "no start" if req.start is None else f"{self.label(req.start)} is in the past"
+                return f"an advance reservation must start at or after the time it is requested ({when})"
+            if req.start + req.duration <= now:
+                window = f"{self.label(req.start)}–{self.label(req.start + req.duration)}"
+                return f"advance reservation rejected: its whole window {window} passed before it could be planned"
         return ""
 
     def _submit_best_effort(self, rec: LeaseRecord, now: float, defer: bool) -> Decision:
@@ -291,8 +302,8 @@ class Scheduler(Explaining):
     def _submit_fixed(self, rec: LeaseRecord, now: float) -> Decision:
         req = rec.request
         if req.type == ADVANCE_RESERVATION:
-            assert req.start is not None
-            start, end = req.start, req.start + req.duration + self.timing.shutdown_time(req)
+            start, vm_end = self._ar_window(req, now)
+            end = vm_end + self.timing.shutdown_time(req)
             plan = self._plan_exact(rec, now)
         else:
             start, end = now, now + req.duration + self.timing.shutdown_time(req)

@@ -120,11 +120,12 @@ def lease_new(request):
     """The lease request form: its three types, several VMs of one size, capabilities, groups, preemptible. A
     submission lands on the lease's page with its decision and placement report, accepted or not."""
     if request.method == "POST":
-        checked = forms.check_lease(request.POST)
+        now = timezone.now()  # the request's arrival: validated against, and submitted with
+        checked = forms.check_lease(request.POST, now=now)
         if checked.ok:
             try:
                 result = actions.do_submit_lease(
-                    request.user, actions.LeaseSpec.from_request(checked.data), now=timezone.now()
+                    request.user, actions.LeaseSpec.from_request(checked.data), now=now
                 )
             except DomainError as exc:
                 checked.add("form", str(exc))
@@ -134,7 +135,7 @@ def lease_new(request):
                     messages.success(request, f"Lease {lease.pk} {lease.name}: {result.decision.message}")
                 else:
                     messages.error(
-                        request, f"Lease {lease.pk} {lease.name} rejected: {result.decision.message}"
+                        request, f"Lease {lease.pk} {lease.name} {lease.state}: {result.decision.message}"
                     )
                 return redirect("lease-detail", lease_id=lease.pk)
         return render(

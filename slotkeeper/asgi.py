@@ -15,6 +15,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.urls import path  # noqa: E402
 
+from slotkeeper.collector import tune_from_settings  # noqa: E402
 from slotkeeper.consumers import ConsoleConsumer  # noqa: E402
 from slotkeeper.embedded import with_embedded_loop  # noqa: E402
 from slotkeeper.heartbeat_route import HeartbeatRoute  # noqa: E402
@@ -30,3 +31,6 @@ application = with_embedded_loop(
         }
     )
 )
+
+# Start-up is done: tune the collector for a long-running server (slotkeeper/collector.py).
+tune_from_settings()

@@ -3,7 +3,7 @@
 import os
 
 from celery import Celery
-from celery.signals import before_task_publish, task_prerun
+from celery.signals import before_task_publish, task_prerun, worker_init, worker_process_init
 
 from slotkeeper.logging import new_request_id, request_id_var
 
@@ -25,3 +25,12 @@ def carry_request_id(headers=None, **_):
 def adopt_request_id(task=None, **_):
     rid = getattr(task.request, "request_id", None) or (task.request.headers or {}).get("request_id")
     request_id_var.set(rid or new_request_id())
+
+
+@worker_init.connect
+@worker_process_init.connect
+def tune_collector(**_):
+    # A worker's start-up is done (in each pool process too): tune the collector (slotkeeper/collector.py).
+    from slotkeeper.collector import tune_from_settings
+
+    tune_from_settings()

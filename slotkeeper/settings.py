@@ -248,6 +248,9 @@ SLOTKEEPER = {
     "DISRUPTION_MIN_NODES": int(os.environ.get("SLOTKEEPER_DISRUPTION_MIN_NODES", "3")),
     # The longest any request waits for the plan lock before it is answered 503 with Retry-After.
     "PLAN_LOCK_TIMEOUT_S": float(os.environ.get("SLOTKEEPER_PLAN_LOCK_TIMEOUT_S", "10")),
+    # A young-generation collection every this many allocations once a server process has started, and what
+    # start-up built frozen out of the collector's view (slotkeeper/collector.py); 0 keeps CPython's defaults.
+    "GC_THRESHOLD": int(os.environ.get("SLOTKEEPER_GC_THRESHOLD", "10000")),
 }
 
 REST_FRAMEWORK = {
@@ -260,7 +263,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "slotkeeper.pagination.BoundedLimitOffsetPagination",
     "PAGE_SIZE": 100,
     "EXCEPTION_HANDLER": "slotkeeper.api.exception_handler",
-    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_RENDERER_CLASSES": ["slotkeeper.renderers.FastJSONRenderer"],
     # JSON only, bounded in size and depth (slotkeeper/parsers.py). Form bodies never worked with the strict fields
     # (every number arrived as a string), yet the schema offered them to every client.
     "DEFAULT_PARSER_CLASSES": ["slotkeeper.parsers.BoundedJSONParser"],

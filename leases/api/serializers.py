@@ -108,7 +108,9 @@ class LeaseCreateSerializer(StrictSerializer):
     )
 
     def validate(self, attrs):
-        now = timezone.now()
+        # The request's arrival time, when the caller gives one: the same instant it submits the lease with, so
+        # "in the past" means the same here and in the scheduler (which judges it at the request's arrival).
+        now = self.context.get("now") or timezone.now()
         if attrs["type"] == LeaseType.ADVANCE_RESERVATION:
             if attrs["start"] is None:
                 raise serializers.ValidationError({"start": "An advance reservation needs its exact start."})

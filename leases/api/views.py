@@ -12,6 +12,7 @@ from rest_framework.views import APIView
 
 from leases import actions, reads
 from leases.api import serializers as s
+from leases.lifecycle import LeaseState
 from leases.models import Lease, Reservation
 from slotkeeper.auth import IsOperator, IsViewer
 from slotkeeper.domain import NotFound
@@ -49,15 +50,23 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
             409: OpenApiResponse(
                 description="an advance reservation or immediate lease that cannot be placed"
             ),
+            500: OpenApiResponse(
+                description="the scheduler could not plan the lease and isolated it (state failed, with the "
+                "reason and a lease_isolated alert); the same body as a 409"
+            ),
         },
     )
     def create(self, request):
-        ser = s.LeaseCreateSerializer(data=request.data)
+        now = timezone.now()  # the request's arrival: validated against, and submitted with
+        ser = s.LeaseCreateSerializer(data=request.data, context={"now": now})
         ser.is_valid(raise_exception=True)
         spec = actions.LeaseSpec.from_request(ser.validated_data)
-        result = actions.do_submit_lease(request.user, spec, now=timezone.now())
+        result = actions.do_submit_lease(request.user, spec, now=now)
         body = s.LeaseDetailSerializer(result.lease).data
         if not result.decision.accepted:
+            # Rejected is the scheduler's answer (409); failed means it could not plan the lease at all, which
+            # is the server's fault, not a conflict the client can resolve.
+            failed = result.decision.state == LeaseState.FAILED
             return Response(
                 {
                     "detail": result.decision.message,
@@ -65,7 +74,7 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
                     "state": result.lease.state,
                     "verdicts": result.report.rows,
                 },
-                status=status.HTTP_409_CONFLICT,
+                status=status.HTTP_500_INTERNAL_SERVER_ERROR if failed else status.HTTP_409_CONFLICT,
             )
         return Response(body, status=status.HTTP_201_CREATED)
 

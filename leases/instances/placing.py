@@ -24,7 +24,9 @@ from fleet import affinity, capacity, placement
 from fleet.models import PlacementReport
 from leases import reads, store, vnodes
 from leases.instance_rows import LIVE
+from leases.instances.models import Reschedule, RescheduleStatus
 from leases.instances.reads import claims
+from leases.lifecycle import InstanceState, LeaseState
 from leases.models import Allocation, Group, Instance
 from leases.scheduler import LeaseRequest
 
@@ -55,6 +57,45 @@ class FleetView:
             names={s.id: s.name for s in states},
             groups={},
         )
+
+    @classmethod
+    def for_proposals(cls, now: datetime) -> FleetView:
+        """The fleet as a round of proposals sees it: as read, plus every pending proposal's target as if its move
+        were placed (`proposed`), so proposals made one after another (one loss's instances, or a second loss
+        while the first's proposals wait) do not all name the one node that can take only one of them."""
+        fleet = cls.read(now)
+        pending = (
+            Reschedule.objects.filter(status=RescheduleStatus.PENDING, proposed_node__isnull=False)
+            # Only what an approval could still apply: a move of a lost or live instance of an active lease.
+            .filter(instance__state__in=[InstanceState.LOST, *LIVE], lease__state=LeaseState.ACTIVE)
+            .select_related("instance__lease")
+            .prefetch_related("instance__lease__groups")
+            .order_by("pk")
+        )
+        for proposal in pending:
+            target = fleet.names.get(proposal.proposed_node_id)
+            if target is not None:
+                fleet.proposed(proposal.instance, vnode_need(proposal.instance), target)
+        return fleet
+
+    def proposed(self, inst: Instance, need: capacity.Need, target: str) -> None:
+        """Counts a proposal (a move not approved) on its target, in this view only: a pending claim there, and the
+        instance a member of its lease's groups there, so the next proposal's dry run sees both. Nothing is
+        reserved: approval re-plans against what is committed (`moved` keeps a burst of approvals current)."""
+        state = self.states.get(target)
+        if state is None:
+            return
+        # Its own claim id: the instance's real claim (a drain's live instance, on its source) is a different one.
+        claim = capacity.Claim(
+            id=f"{inst.iid} (proposed)",
+            mem_mib=need.mem_mib,
+            disk_gib=need.disk_gib,
+            cpu_cores=need.cpu_cores,
+        )
+        self.states[target] = replace(state, pending=(*state.pending, claim))
+        for group in inst.lease.groups.all():
+            # A negative pk: no instance has it, and group_views leaves it out when this instance is planned.
+            self.members(group).setdefault(state.id, []).append((-inst.pk, claim.id))
 
     def members(self, group: Group) -> dict[int, list[tuple[int, str]]]:
         if group.pk not in self.groups:
@@ -100,8 +141,9 @@ def group_views(
     for group in lease.groups.all():
         members: dict[int, list[str]] = {}
         for node_id, entries in fleet.members(group).items():
+            # The instance itself, and its own proposal (FleetView.proposed), are not members where it moves.
             for pk, iid in entries:
-                if exclude_instance is not None and pk == exclude_instance.pk:
+                if exclude_instance is not None and pk in (exclude_instance.pk, -exclude_instance.pk):
                     continue
                 members.setdefault(node_id, []).append(iid)
         views.append(affinity.GroupMembers(reads.group_rule(group), members))

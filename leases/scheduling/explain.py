@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import repeat
 
 import numpy as np
 import numpy.typing as npt
@@ -36,6 +37,9 @@ DISK = 2
 # node's reservations, and a report names at most five per node anyway.
 BLOCKER_NODES = 8
 _R = ReasonCode
+# The codes a verdict column indexes (fleet.reports.Columns), exclusions' own codes appended after them.
+CODES: tuple[str, ...] = tuple(c.value for c in ReasonCode)
+_CODE_AT = {c: i for i, c in enumerate(CODES)}
 _NO_RANK = 0
 
 
@@ -94,8 +98,12 @@ class Explaining(EventLoop):
 
         # Free over the window: capacity less the peak, with the lease's own share added back, and less what the
         # node is seen to use beyond the plan when the window starts now (the now-gate).
-        free = cap - arr.peak_over(start, end) if end > start else cap - arr.level_at(start)
-        free_now = cap - arr.level_at(start) if start <= now else None
+        if end > start:
+            peak, at_start = arr.over(start, end)
+        else:
+            peak = at_start = arr.level_at(start)
+        free = cap - peak
+        free_now = cap - at_start if start <= now else None
         for node, r in own.items():
             free[pos[node]] += vec(r)[:DIMS]
             if free_now is not None:
@@ -137,12 +145,12 @@ class Explaining(EventLoop):
         busy_now = (
             _copies(free_now, need, wants, 1) == 0 if free_now is not None else np.zeros(size, dtype=bool)
         )
-        codes = np.full(size, None, dtype=object)
-        codes[too_small] = _R.TOO_SMALL.value
-        codes[anti] = _R.ANTI_AFFINITY.value
-        codes[capacity_short & (short == DISK)] = _R.NO_DISK.value
-        codes[capacity_short & (short != DISK) & busy_now] = _R.AT_CAPACITY.value
-        codes[capacity_short & (short != DISK) & ~busy_now] = _R.RESERVED.value
+        codes = np.full(size, -1, dtype=np.int64)
+        codes[too_small] = _CODE_AT[_R.TOO_SMALL]
+        codes[anti] = _CODE_AT[_R.ANTI_AFFINITY]
+        codes[capacity_short & (short == DISK)] = _CODE_AT[_R.NO_DISK]
+        codes[capacity_short & (short != DISK) & busy_now] = _CODE_AT[_R.AT_CAPACITY]
+        codes[capacity_short & (short != DISK) & ~busy_now] = _CODE_AT[_R.RESERVED]
 
         # The mapper's order: the nodes it chose first (it fills nodes in its order, so they led it), then the
         # rest in the order it tried them for this request. When it placed the lease before reaching the end of
@@ -153,23 +161,28 @@ class Explaining(EventLoop):
         if tried is None:
             tried = self._host_order(table, req, start, end - start, None)
         listed = tried.tried() if isinstance(tried, HostOrder) and own else list(tried)
-        order = list(own) + [n for n in listed if n not in own]
+        order = [*own, *(n for n in listed if n not in own)] if own else listed
         ranks = np.zeros(size, dtype=np.int64)
         if order:
-            ranks[[pos[n] for n in order]] = np.arange(1, len(order) + 1)
+            ranks[np.fromiter(map(pos.__getitem__, order), np.int64, len(order))] = np.arange(
+                1, len(order) + 1
+            )
         ranks[too_small] = _NO_RANK
 
         node_ids = list(table.nodes)
-        code_list: list[str | None] = codes.tolist()
-        notes = [""] * size
-        # The exclusions (and the group's barred nodes) come first whatever the capacity says.
-        # The request's barred nodes first, then this pass's exclusions over them.
-        ruled: list[int] = []
-        for reasons in (_rows_of(req.barred, pos), _rows_of(ruled_out.items(), pos)):
-            for i, code, note in reasons:
-                code_list[i], notes[i] = code, note
-                ruled.append(i)
-        if ruled:
+        # The exclusions (and the group's barred nodes) come first whatever the capacity says: the request's
+        # barred nodes, then this pass's exclusions over them.
+        notes = np.full(size, -1, dtype=np.int64)
+        code_table: tuple[str, ...] = CODES
+        texts: tuple[str, ...] = ()
+        ruled = np.zeros(0, dtype=np.int64)
+        for reasons in (_Ruled.of(req.barred, pos), _Ruled.of(ruled_out.items(), pos)):
+            if len(reasons.rows):
+                code_table, texts, codes[reasons.rows], notes[reasons.rows] = reasons.joined(
+                    code_table, texts
+                )
+                ruled = np.concatenate((ruled, reasons.rows))
+        if len(ruled):
             holds[ruled], short[ruled], ranks[ruled] = 0, MEM, _NO_RANK
             shown_need[ruled], shown_free[ruled], shown_cap[ruled] = (
                 need[MEM],
@@ -196,7 +209,8 @@ class Explaining(EventLoop):
         columns = Columns(
             node=arr.nodes,
             holds=holds,
-            code=code_list,
+            code=codes,
+            codes=code_table,
             dim=short,
             need=shown_need,
             free=shown_free,
@@ -205,6 +219,7 @@ class Explaining(EventLoop):
             chosen=sorted(n for n in picked if n in pos and holds[pos[n]]),
             blockers=blockers,
             note=notes,
+            texts=texts,
         )
         holders = tuple((node_ids[i], int(holds[i])) for i in top.tolist())
         return Explanation(start, end, vm, count, columns, int(holds.sum()), holders)
@@ -245,9 +260,55 @@ def _copies(
     return out
 
 
-def _rows_of(reasons: Iterable[tuple[int, str]], pos: Mapping[int, int]) -> list[tuple[int, str, str]]:
-    """(row, code, sentence) of each node ruled out for a reason, for the nodes the table holds."""
-    return [(pos[node], *_split(why)) for node, why in reasons if why and node in pos]
+@dataclass(frozen=True)
+class _Ruled:
+    """Nodes ruled out before mapping, as rows of the fleet's columns: each one's code and sentence as indexes
+    into this ruling's own small tables (a few codes and sentences recur over most of a fleet)."""
+
+    rows: npt.NDArray[np.int64]
+    codes: npt.NDArray[np.int64]
+    code_names: tuple[str, ...]
+    notes: npt.NDArray[np.int64]
+    texts: tuple[str, ...]
+
+    @classmethod
+    def of(cls, reasons: Iterable[tuple[int, str]], pos: Mapping[int, int]) -> _Ruled:
+        """Every node with a reason, in C loops: a capability most of a fleet lacks bars hundreds of nodes, each
+        with one of a few sentences."""
+        pairs = tuple(reasons)
+        if not pairs:
+            return _NONE_RULED
+        nodes, whys = zip(*pairs, strict=True)
+        distinct = {why: i for i, why in enumerate(dict.fromkeys(whys))}
+        rows = np.fromiter(map(pos.get, nodes, repeat(-1)), np.int64, len(nodes))
+        which = np.fromiter(map(distinct.__getitem__, whys), np.int64, len(whys))
+        known = (rows >= 0) & np.array([bool(w) for w in distinct], dtype=bool)[which]
+        split = [_split(why) for why in distinct]
+        code_names = tuple(dict.fromkeys(code for code, _ in split))
+        texts = tuple(dict.fromkeys(note for _, note in split))
+        code_of = _ints([code_names.index(code) for code, _ in split])
+        text_of = _ints([texts.index(note) for _, note in split])
+        which = which[known]
+        return cls(rows[known], code_of[which], code_names, text_of[which], texts)
+
+    def joined(
+        self, codes: tuple[str, ...], texts: tuple[str, ...]
+    ) -> tuple[tuple[str, ...], tuple[str, ...], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """The code and sentence tables extended by this ruling's, and its rows' indexes into them."""
+        codes += tuple(c for c in self.code_names if c not in codes)
+        text_at = {t: i for i, t in enumerate(texts)}
+        for t in self.texts:
+            text_at.setdefault(t, len(text_at))
+        code_of = _ints([codes.index(c) for c in self.code_names])
+        text_of = _ints([text_at[t] for t in self.texts])
+        return codes, tuple(text_at), code_of[self.codes], text_of[self.notes]
+
+
+_NONE_RULED = _Ruled(np.zeros(0, np.int64), np.zeros(0, np.int64), (), np.zeros(0, np.int64), ())
+
+
+def _ints(values: list[int]) -> npt.NDArray[np.int64]:
+    return np.array(values, dtype=np.int64)
 
 
 @lru_cache(maxsize=256)

@@ -11,7 +11,8 @@ early end or a cancellation moves it, and the live queue may also start a lease 
 it then suspends.
 
 PURE: no Django. Reads the scheduler (`PlanBook`: table, queue, lease records, configuration, timing) and
-changes none of it.
+changes none of it; or a `Snapshot` of those, taken under the plan lock by `snapshot`, so that the forecast itself
+can run after the lock is released while the next pass changes the live scheduler.
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ import math
 from bisect import bisect_left, insort
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import astuple, dataclass
+from dataclasses import astuple, dataclass, replace
+from typing import Protocol
 
 from leases.scheduling.book import PlanBook
 from leases.scheduling.mapper import size_order, smallest
-from leases.scheduling.records import SUSPENDED_STATES, LeaseRecord, LeaseRequest
+from leases.scheduling.records import SUSPENDED_STATES, LeaseRecord, LeaseRequest, SchedulerConfig
+from leases.scheduling.timing import Timing
 from leases.slottable import Res, Reservation, SlotTable
 
 ESTIMATE = "estimate"  # the kind of the reservations the forecast places on its copy of the table
@@ -40,8 +43,48 @@ class Estimate:
     note: str = ""
 
 
+class Book(Protocol):
+    """What the forecast reads: a live PlanBook, or a Snapshot of one."""
+
+    @property
+    def table(self) -> SlotTable: ...
+    @property
+    def queue(self) -> Sequence[int]: ...
+    @property
+    def leases(self) -> Mapping[int, LeaseRecord]: ...
+    @property
+    def config(self) -> SchedulerConfig: ...
+    @property
+    def timing(self) -> Timing: ...
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A copy of what the forecast reads off a PlanBook, sharing nothing the book will write to: the slot table
+    as a copy-on-write copy (SlotTable.copy: from then on each side clones a node's line before writing to it),
+    the queue's order, the queued leases' records (their mutable parts copied: a pass changes a record's state,
+    run time and images in place), the configuration (frozen) and a timing model of its own (Timing memoises
+    into dicts). Taking it costs the queue's length, not the table's size, so the plan lock is held for little."""
+
+    table: SlotTable
+    queue: tuple[int, ...]
+    leases: Mapping[int, LeaseRecord]
+    config: SchedulerConfig
+    timing: Timing
+
+
+def snapshot(book: PlanBook) -> Snapshot:
+    queue = tuple(book.queue)
+    leases = {}
+    for lid in queue:
+        rec = book.leases[lid]
+        # The forecast reads request (frozen), state, run_time and images; reservations and history are left out.
+        leases[lid] = replace(rec, reservations=[], history=[], images=dict(rec.images))
+    return Snapshot(book.table.copy(), queue, leases, book.config, Timing(book.config))
+
+
 def forecast(
-    book: PlanBook, now: float, excluded: Mapping[int, str] | None = None, *, limit: int | None = None
+    book: Book, now: float, excluded: Mapping[int, str] | None = None, *, limit: int | None = None
 ) -> dict[int, Estimate]:
     """{lease id: Estimate} for every lease in the queue (FCFS order), each reserved on a copy of the table
     before the next is looked at. `excluded` maps node id -> "code: reason" (the placer's unusable nodes).
@@ -91,7 +134,7 @@ class _Runs:
 
 
 class _Forecast:
-    def __init__(self, book: PlanBook, now: float, excluded: Mapping[int, str]) -> None:
+    def __init__(self, book: Book, now: float, excluded: Mapping[int, str]) -> None:
         self.book = book
         self.now = now
         self.excluded = excluded

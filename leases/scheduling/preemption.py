@@ -25,10 +25,16 @@ from leases.slottable import SlotTable
 
 
 class Preemption(Backfilling):
+    def _ar_window(self, req: LeaseRequest, now: float) -> tuple[float, float]:
+        """An AR's VM window: exactly [start, start + duration) as asked, except that a start which passed between
+        the request's arrival and its planning pass becomes now (nothing is scheduled before now; Haizea's AR
+        "starting now"). The end stays the one asked for, so a late AR never holds nodes past its window."""
+        assert req.start is not None
+        return max(req.start, now), req.start + req.duration
+
     def _plan_exact(self, rec: LeaseRecord, now: float) -> Plan | None:
         req = rec.request
-        assert req.start is not None
-        start, vm_end = req.start, req.start + req.duration
+        start, vm_end = self._ar_window(req, now)
         end = vm_end + self.timing.shutdown_time(req)
         found = self._map(self.table, req, start, end, True, None)
         victims: list[int] = []

@@ -79,6 +79,21 @@ class NodeArrays:
         """Per node and dimension, the usage at instant t (the segment holding t; zero outside every segment)."""
         return self._per_node((self.times <= t) & (self.nexts > t), np.add)
 
+    def over(self, start: float, end: float) -> tuple[IntArray, IntArray]:
+        """`peak_over(start, end)` and `level_at(start)` from one gather (end > start): a node's first segment
+        meeting the window holds `start` unless the node's line begins later."""
+        peak = np.zeros((len(self.sizes), DIMS), dtype=np.int64)
+        at_start = np.zeros((len(self.sizes), DIMS), dtype=np.int64)
+        picked = np.flatnonzero((self.times < end) & (self.nexts > start))
+        if len(picked):
+            owners = self._owner[picked]
+            first = np.flatnonzero(np.concatenate(([True], owners[1:] != owners[:-1])))
+            levels = self.levels[picked]
+            peak[owners[first]] = np.maximum.reduceat(levels, first, axis=0)
+            holding = self.times[picked[first]] <= start
+            at_start[owners[first[holding]]] = levels[first[holding]]
+        return peak, at_start
+
     def _per_node(self, mask: npt.NDArray[np.bool_], op: np.ufunc) -> IntArray:
         """`op` over the segments in `mask`, per node (zero for a node with none: usage is never negative). Only
         the masked segments are gathered: a window meets a small part of a busy table."""

@@ -103,6 +103,8 @@ def test_the_columns_follow_the_table_as_it_changes():
     for start, end in [(0.0, 50.0), (2900.0, 3100.0), (3000.0, 9000.0), (10.0**6, 10.0**6 + 1)]:
         peak = arrays.peak_over(start, end)
         level = arrays.level_at(start)
+        together = arrays.over(start, end)  # one gather for both
+        assert (together[0] == peak).all() and (together[1] == level).all()
         for i, node in enumerate(table.nodes):
             cap = table.capacity(node)
             free = table.free_over_vec(node, start, end)

@@ -7,7 +7,7 @@ import copy
 from dataclasses import replace
 
 from leases.lifecycle import LeaseState
-from leases.scheduler import Estimate, LeaseRecord, ReservationRecord, forecast
+from leases.scheduler import Estimate, LeaseRecord, ReservationRecord, forecast, snapshot
 from tests.leases.test_scheduler import F, be, live, make
 
 
@@ -134,3 +134,30 @@ def test_a_group_spread_and_the_limit():
     assert forecast(s, 10, limit=1)[4] == Estimate(
         None, None, "beyond the first 1 queued leases the forecast looks at"
     )
+
+
+def test_a_snapshot_keeps_the_forecasts_input_while_the_live_scheduler_moves_on():
+    # The plan applier takes the snapshot under the plan lock and forecasts from it after the lock is released,
+    # while the next pass changes the live scheduler: nothing that pass does may reach the snapshot.
+    s = blocked_queue()
+    s.restore(
+        LeaseRecord(
+            request=be(7, -10, 100),
+            state=LeaseState.SUSPENDED_QUEUED,
+            reservations=[ReservationRecord(900, 7, "vm", -50, -10, {1: 2}, status="done")],
+            run_time=40,
+            images={1: 2},
+        )
+    )
+    snap = snapshot(s)
+    before = forecast(snap, 10)
+    assert before == forecast(s, 10)
+    # The next pass: lease 1 is cancelled (its reservations leave the live table and the queue moves up), and a
+    # pass changes a queued record in place (where its memory is, how long it ran).
+    s.cancel(1, 10)
+    s.leases[7].images[1] = 1
+    s.leases[7].run_time = 0
+    s.submit(be(8, 11, 500, F), 11)
+    assert forecast(s, 12) != before  # the live scheduler did move
+    assert snap.queue == (7, 3, 4, 5)
+    assert forecast(snap, 10) == before

@@ -5,13 +5,15 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.db import connection, connections
 from django.utils import timezone
 
 from fleet import actions as fleet_actions
-from leases import forecasting
+from leases import forecasting, store
 from leases.actions import advance
 from leases.instances.actions import nodes as node_actions
 from leases.models import Lease, SchedulerState
+from leases.scheduler import Snapshot
 from tests.leases.conftest import vm
 
 pytestmark = pytest.mark.django_db
@@ -53,3 +55,161 @@ def test_an_unchanged_forecast_writes_nothing_and_runs_again_after_a_minute(oper
     advance(later)  # a minute on: run again, and nothing to write
     assert runs == [1] and written == [0]
     assert Lease.objects.get(pk=queued["id"]).estimated_start == estimate
+
+
+# -- a large queue: snapshot under the lock, forecast outside it, written by compare-and-swap -------------------
+
+
+def queue_up(client, n: int) -> list[int]:
+    """Every node full now (one immediate lease of four whole-node VMs), a lease holding aggressive backfilling's
+    one future reservation, then `n` leases waiting in the queue with no start of their own."""
+    submit(client, type="immediate", nodes=[vm(mem=8192)] * 4)
+    submit(client)
+    ids = [submit(client)["id"] for _ in range(n)]
+    assert Lease.objects.filter(pk__in=ids, state="queued").count() == n
+    return ids
+
+
+def estimates(ids):
+    return {
+        pk: (s, e)
+        for pk, s, e in Lease.objects.filter(pk__in=ids).values_list("pk", "estimated_start", "estimated_end")
+    }
+
+
+@pytest.fixture
+def large(monkeypatch):
+    # Every queue counts as too large to forecast inside a pass (at 2,000 x 1,000 it is ~1.3 s of CPU).
+    monkeypatch.setattr(forecasting, "INLINE_WORK", 0)
+
+
+def test_a_large_queue_is_forecast_from_a_snapshot_after_the_ticks_pass_has_committed(
+    operator, fleet, large, monkeypatch
+):
+    ids = queue_up(operator, 2)
+    assert all(s is None for s, _ in estimates(ids).values())  # too large for the submissions' passes
+    outside = len(connection.atomic_blocks)  # the test's own transaction(s), and nothing of a pass
+    seen = []
+    real = forecasting.forecast
+    monkeypatch.setattr(
+        forecasting,
+        "forecast",
+        lambda book, *a, **k: seen.append((type(book), len(connection.atomic_blocks))) or real(book, *a, **k),
+    )
+    sent = []
+    monkeypatch.setattr(
+        forecasting.events, "send_on_commit", lambda event, **payload: sent.append((event, payload))
+    )
+    advance(timezone.now())
+    # Computed once, from a snapshot, with no transaction of the pass (nor of the plan lock) still open.
+    assert seen == [(Snapshot, outside)]
+    # Written after the pass's own events went out: the consoles are told again.
+    assert sent[-1] == ("slots-changed", {"leases": sorted(ids)})
+    got = estimates(ids)
+    assert all(s is not None and e is not None for s, e in got.values())
+    state = SchedulerState.objects.get()
+    assert (
+        not state.forecast_stale and state.forecast_version == state.version and state.forecast_at is not None
+    )
+
+
+def test_a_forecast_overtaken_by_a_pass_that_changes_the_plan_writes_nothing(
+    operator, fleet, large, monkeypatch
+):
+    first = queue_up(operator, 1)
+    advance(timezone.now())
+    before = estimates(first)
+    assert before[first[0]][0] is not None
+    second = submit(operator)["id"]  # the queue moved: stale, and too large for the submission's own pass
+    assert SchedulerState.objects.get().forecast_stale
+    real, runs, writes = forecasting.forecast, [], []
+    real_write = forecasting.write
+
+    def overtaken(book, *a, **k):
+        got = real(book, *a, **k)
+        if not runs:
+            runs.append(submit(operator)["id"])  # a submission's pass commits while the forecast runs
+        return got
+
+    monkeypatch.setattr(forecasting, "forecast", overtaken)
+    monkeypatch.setattr(forecasting, "write", lambda e: writes.append(e) or real_write(e))
+    advance(timezone.now())
+    assert len(runs) == 1  # the forecast did run: its result was dropped, not skipped
+    assert writes == []
+    assert estimates([*first, second, runs[0]]) == {**before, second: (None, None), runs[0]: (None, None)}
+    assert SchedulerState.objects.get().forecast_stale
+    # The next tick takes a new snapshot and writes it: dropping a result only defers it by one tick.
+    monkeypatch.setattr(forecasting, "forecast", real)
+    advance(timezone.now())
+    assert all(s is not None for s, _ in estimates([*first, second, runs[0]]).values())
+
+
+def test_a_pass_that_changes_nothing_the_forecast_reads_does_not_drop_it(operator, fleet, large, monkeypatch):
+    # Every pass bumps the plan version; were that the compare, beat's tick every 5 s would drop every forecast
+    # that takes longer (8-10 s of wall time at 2,000 x 1,000 on a loaded machine).
+    ids = queue_up(operator, 2)
+    real = forecasting.forecast
+    versions = []
+
+    def meanwhile(book, *a, **k):
+        with store.planning(timezone.now()):
+            pass  # a pass with nothing to do commits a new version
+        versions.append(SchedulerState.objects.get().version)
+        return real(book, *a, **k)
+
+    monkeypatch.setattr(forecasting, "forecast", meanwhile)
+    advance(timezone.now())
+    state = SchedulerState.objects.get()
+    assert versions == [state.version] and state.forecast_version == state.version - 1
+    assert all(s is not None for s, _ in estimates(ids).values())
+
+
+def test_the_snapshot_does_not_see_the_next_pass_change_the_cached_scheduler(
+    operator, fleet, large, monkeypatch, django_capture_on_commit_callbacks
+):
+    # The cached scheduler is kept after a commit (on_commit) and the next pass changes it in place while the
+    # forecast may still be running on another thread: the snapshot must not share what that pass writes.
+    with django_capture_on_commit_callbacks(execute=True):
+        ids = queue_up(operator, 3)
+    jobs = []
+    monkeypatch.setattr(forecasting, "complete", jobs.append)
+    with django_capture_on_commit_callbacks(execute=True):
+        advance(timezone.now())
+    (job,) = jobs
+    live = store._cache.value.scheduler
+    t = job.now.timestamp()
+    expected = forecasting.forecast(job.snapshot, t, job.excluded)
+    for change in (
+        lambda: operator.post(f"/api/leases/{ids[0] - 2}/cancel", {}, format="json"),  # frees every node
+        lambda: submit(operator),
+    ):
+        with django_capture_on_commit_callbacks(execute=True):  # each pass keeps the scheduler for the next
+            change()
+    assert Lease.objects.get(pk=ids[0] - 2).state == "cancelled"
+    assert store.cache_stats.how == "kept" and store._cache.value.scheduler is live  # changed in place
+    assert forecasting.forecast(live, t, job.excluded) != expected
+    assert job.snapshot.queue == tuple(ids)
+    assert forecasting.forecast(job.snapshot, t, job.excluded) == expected
+
+
+def test_one_forecast_runner_at_a_time(operator, fleet, large):
+    ids = queue_up(operator, 1)
+    with forecasting.runner() as first:
+        assert first
+        with forecasting.runner() as second:
+            assert not second  # another thread of this process
+        if connection.vendor == "postgresql":
+            other = connections.create_connection("default")  # another process's session
+            try:
+                with other.cursor() as cursor:
+                    cursor.execute("SELECT pg_try_advisory_lock(%s)", [forecasting.RUNNER_LOCK_ID])
+                    assert cursor.fetchone() == (False,)
+            finally:
+                other.close()
+        advance(timezone.now())  # a tick that finds the runner taken leaves the forecast for the next one
+        assert estimates(ids)[ids[0]] == (None, None)
+        assert SchedulerState.objects.get().forecast_stale
+    with forecasting.runner() as again:
+        assert again
+    advance(timezone.now())
+    assert estimates(ids)[ids[0]][0] is not None

@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 from datetime import timedelta
 
+import numpy as np
 import pytest
 from django.utils import timezone
 
 from fleet import reports
 from fleet.capacity import ReasonCode
-from fleet.models import Node, PlacementReport
+from fleet.models import CompactJSONEncoder, Node, PlacementReport
 from fleet.reports import Verdict
 from leases import actions as lease_actions
 from leases.models import Lease
@@ -158,7 +159,8 @@ def test_packed_columns_read_back_exactly_as_the_plain_ones_and_halve_the_stored
     names = {v.node: f"n{v.node}" for v in verdicts}
     packed = reports.encode(verdicts, start=1.8e9, end=1.8e9 + 600, summary="s")
     assert packed["node"] == {"steps": [1, 499, 600, 501]} and packed["holds"] == {"runs": [1, 799, 0, 201]}
-    plain = {**packed, **{k: reports._unpacked(packed[k]) for k in ("node", "holds", "code", "dim", "note")}}
+    packable = ("node", "holds", "code", "dim", "note", "rank")
+    plain = {**packed, **{k: reports._unpacked(packed[k]) for k in packable}}
     assert isinstance(plain["node"], list) and len(plain["node"]) == 1000
     assert reports.decode(packed, names) == reports.decode(plain, names)
     assert reports.node_ids(packed) == [v.node for v in verdicts]
@@ -166,6 +168,27 @@ def test_packed_columns_read_back_exactly_as_the_plain_ones_and_halve_the_stored
     assert (rows[3]["chosen"], rows[901]["blockers"], rows[990]["reason"]) == (True, [901], "lacks accel.gpu")
     assert (rows[960]["numbers"]["dimension"], rows[960]["reason_code"]) == ("disk", "too_small")
     assert len(json.dumps(packed)) < 0.75 * len(json.dumps(plain))
+
+
+def test_the_report_encoder_writes_compact_json_that_reads_back_as_the_standard_library_would_write_it():
+    blob = {
+        "counts": {"fit": 2},
+        "blockers": {3: [1, 2]},
+        "free": np.array([1, 2]),
+        "n": np.int64(5),
+        "s": "a–b",
+    }
+    text = json.dumps(blob, cls=CompactJSONEncoder)
+    assert json.loads(text) == {
+        "counts": {"fit": 2},
+        "blockers": {"3": [1, 2]},
+        "free": [1, 2],
+        "n": 5,
+        "s": "a–b",
+    }
+    assert ", " not in text and '": ' not in text
+    with pytest.raises(TypeError):
+        json.dumps({"a": object()}, cls=CompactJSONEncoder)
 
 
 def test_a_report_stored_before_reports_were_compact_still_reads(operator, fleet):

@@ -13,6 +13,7 @@ from fleet.models import Node, NodeStatus
 from leases.instance_rows import LIVE, wind_down
 from leases.instances.actions.reschedules import do_approve, propose
 from leases.instances.models import Reschedule, RescheduleStatus
+from leases.instances.placing import FleetView
 from leases.instances.reads import in_flight
 from leases.models import Instance
 from slotkeeper import audit, events
@@ -21,8 +22,11 @@ from slotkeeper import audit, events
 def propose_moves(node: Node, now: datetime) -> list[Reschedule]:
     """A drain with a deadline: every live instance on the node gets a move proposal (approved by the drain)."""
     proposals = []
+    # One view for the whole drain: each proposal counts the ones made before it (FleetView.proposed).
+    fleet: FleetView | None = None
     for inst in Instance.objects.select_related("lease", "node").filter(node=node, state__in=LIVE):
-        proposal = propose(inst, now, cause="drain", note=f"drain of {node.name}")
+        fleet = fleet or FleetView.for_proposals(now)
+        proposal = propose(inst, now, cause="drain", note=f"drain of {node.name}", fleet=fleet)
         if proposal is not None:
             proposals.append(proposal)
     return proposals

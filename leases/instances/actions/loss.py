@@ -13,6 +13,7 @@ from leases.alerts import raise_alert
 from leases.instance_rows import LIVE, step
 from leases.instances.actions.reschedules import propose
 from leases.instances.models import Reschedule, RescheduleStatus
+from leases.instances.placing import FleetView
 from leases.instances.rules import ReschedulePolicy, decide_on_loss
 from leases.lifecycle import InstanceState
 from leases.models import Instance
@@ -37,11 +38,19 @@ def on_nodes_died(node_ids: Iterable[int], now: datetime, reason: str = "") -> l
             now,
             node=node,
         )
-    for inst in Instance.objects.select_related("lease", "node").filter(
-        node_id__in=list(node_ids), state__in=LIVE
-    ):
-        if not step(inst, _I.LOST, now, f"node {inst.node.name} died: {reason}".rstrip(": ")):
-            continue
+    # Every instance is lost first, then each is decided: the proposals' dry runs then see the dead nodes' group
+    # members as gone, and share one view of the fleet that counts the proposals made before each (a burst of
+    # proposals to the one node that can take only one of them was approved into a full node).
+    lost = [
+        inst
+        for inst in Instance.objects.select_related("lease", "node")
+        .prefetch_related("lease__groups")
+        .filter(node_id__in=list(node_ids), state__in=LIVE)
+        .order_by("id")
+        if step(inst, _I.LOST, now, f"node {inst.node.name} died: {reason}".rstrip(": "))
+    ]
+    fleet: FleetView | None = None
+    for inst in lost:
         lease = inst.lease
         decision = decide_on_loss(
             ReschedulePolicy(
@@ -64,7 +73,8 @@ def on_nodes_died(node_ids: Iterable[int], now: datetime, reason: str = "") -> l
                 instance=inst,
             )
         else:
-            proposal = propose(inst, now, cause="node_dead", note=decision.reason)
+            fleet = fleet or FleetView.for_proposals(now)
+            proposal = propose(inst, now, cause="node_dead", note=decision.reason, fleet=fleet)
             if proposal is not None:
                 proposals.append(proposal)
     return proposals

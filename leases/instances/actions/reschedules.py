@@ -36,9 +36,14 @@ log = logging.getLogger(__name__)
 _I = InstanceState
 
 
-def propose(inst: Instance, now: datetime, *, cause: str, note: str = "") -> Reschedule | None:
-    """A dry-run placement (target and every node's verdict) kept as a pending proposal."""
-    need, result, ids = plan_move(inst, now)
+def propose(
+    inst: Instance, now: datetime, *, cause: str, note: str = "", fleet: FleetView | None = None
+) -> Reschedule | None:
+    """A dry-run placement (target and every node's verdict) kept as a pending proposal. `fleet`, shared by the
+    proposals of one loss or drain, counts each proposal made before this one (FleetView.for_proposals): pass
+    the same view to every call of a round, so they spread over nodes that can hold them all."""
+    fleet = fleet or FleetView.for_proposals(now)
+    need, result, ids = plan_move(inst, now, fleet=fleet)
     report = placement.record(now, f"reschedule:{inst.iid}", need, result, ids_by_name=ids)
     target = result.nodes[0] if result.outcome == capacity.Outcome.PLACED else None
     try:
@@ -55,6 +60,8 @@ def propose(inst: Instance, now: datetime, *, cause: str, note: str = "") -> Res
             )
     except IntegrityError:
         return None  # a pending proposal for this instance exists already
+    if target:
+        fleet.proposed(inst, need, target)
     events.send_on_commit("reschedule-changed", reschedule=proposal.pk)
     if inst.lease.auto_approve_reschedules and target:
         transaction.on_commit(lambda: _auto_approve(proposal.pk))

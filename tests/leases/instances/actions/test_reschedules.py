@@ -80,8 +80,8 @@ def make_node(name, now, *, allocatable_mib, cores=4):
 
 
 def lose_five_on_one_node(now):
-    """Five 3 GiB leases on host1, then two survivors: host2 holds three more, host3 one. host1 dies: every dry-run
-    proposal sees host2 empty and proposes it (proposals do not account for each other; approvals must)."""
+    """Five 3 GiB leases on host1, then two survivors: host2 holds three more, host3 one. host1 dies: the proposals
+    name host2 three times and host3 once, and the fifth no node."""
     dying = make_node("host1", now, allocatable_mib=18432, cores=8)
     for i in range(5):
         run_lease(now, name=f"job-{i}", mem=3072)
@@ -90,7 +90,6 @@ def lose_five_on_one_node(now):
     node_actions.do_declare_dead(None, dying.pk, reason="rack power", now=now)
     proposals = list(Reschedule.objects.order_by("pk"))
     assert len(proposals) == 5
-    assert {p.proposed_node_id for p in proposals} == {host2.pk}
     return proposals, host2, host3
 
 
@@ -101,7 +100,6 @@ def test_approvals_in_one_batch_account_for_each_other_and_the_one_that_no_longe
     assert [r.code for r in results] == ["applied"] * 4 + ["pending"], [r.message for r in results]
     # host2 took the three it holds; the fourth went to host3, saying why the proposed node was passed over.
     assert [r.node for r in results[:4]] == ["host2", "host2", "host2", "host3"]
-    assert "the proposed node host2 no longer fits (at_capacity" in results[3].message
     assert Instance.objects.filter(state="placed", node=host2).count() == 3
     assert Instance.objects.filter(state="placed", node=host3).count() == 1
     assert overcommitted_instants() == []
@@ -137,8 +135,8 @@ def test_each_applied_approval_stores_the_schedulers_verdict_over_the_vnodes_rem
 
 
 def test_an_anti_affinity_group_holds_when_its_whole_evacuation_is_approved_in_one_batch(db):
-    """Three members of a hard anti-affinity group on three nodes that die together; four survivors, every proposal
-    made before any move (so all three propose the same survivor). One batch: three different survivors."""
+    """Three members of a hard anti-affinity group on three nodes that die together; four survivors. One batch:
+    three different survivors."""
     now = timezone.now()
     doomed = [make_node(f"old{i}", now, allocatable_mib=4096) for i in range(3)]
     group = Group.objects.create(name="db", policy="anti_affinity", hard=True)
@@ -150,7 +148,6 @@ def test_an_anti_affinity_group_holds_when_its_whole_evacuation_is_approved_in_o
     for node in doomed:
         node_actions.do_declare_dead(None, node.pk, reason="rack power", now=now)
     proposals = list(Reschedule.objects.order_by("pk"))
-    assert len({p.proposed_node_id for p in proposals}) == 1
     results = reschedules.do_approve(None, [p.pk for p in proposals], now=now)
     assert all(r.ok for r in results), [r.message for r in results]
     placed = list(Instance.objects.filter(state="placed").values_list("node_id", flat=True))
@@ -166,7 +163,7 @@ def test_a_batch_placed_by_the_scheduler_keeps_filling_nodes_after_each_move(db)
     dying = make_node("host1", now, allocatable_mib=18432, cores=8)
     for i in range(5):
         run_lease(now, name=f"job-{i}", mem=3072)
-    proposed = make_node("host2", now, allocatable_mib=16384, cores=8)
+    proposed = make_node("host2", now, allocatable_mib=65536, cores=32)
     host3 = make_node("host3", now, allocatable_mib=6144)  # holds two
     host4 = make_node("host4", now, allocatable_mib=9216)  # holds three
     node_actions.do_declare_dead(None, dying.pk, reason="rack power", now=now)
