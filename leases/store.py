@@ -53,7 +53,7 @@ from leases.scheduler import (
     Scheduler,
     SchedulerConfig,
 )
-from leases.slottable import Overcommit, Res
+from leases.slottable import Res
 from slotkeeper import audit, events, metrics, planlock, planwake
 from slotkeeper.audit import actor_label
 from slotkeeper.bulk import update_many
@@ -948,32 +948,8 @@ def _allocations(sched: Scheduler, r: ReservationRecord, row: Reservation) -> li
 
 def move_vnode(plan: Planning, lease_id: int, vnode: int, old_node: int, new_node: int) -> bool:
     """Moves one vnode's share of a lease's live reservations from `old_node` to `new_node` in the slot table (a
-    reschedule). All or nothing: if any reservation would overcommit the new node, nothing moves. The caller
-    advances the scheduler to now first, so reservations already over are retired and not compared."""
-    sched = plan.scheduler
-    rec = sched.leases.get(lease_id)
-    if rec is None:
-        return False
-    moved: list[tuple[ReservationRecord, dict[int, int]]] = []
-    for r in rec.chain():
-        if r.nodes.get(vnode) != old_node:
-            continue
-        before = dict(r.nodes)
-        r.nodes[vnode] = new_node
-        try:
-            sched.table.replace(replace(sched.table.get(r.rid), alloc=sched.alloc_of(rec, r)))
-        except Overcommit:
-            r.nodes.clear()
-            r.nodes.update(before)
-            for done, nodes in moved:
-                done.nodes.clear()
-                done.nodes.update(nodes)
-                sched.table.replace(replace(sched.table.get(done.rid), alloc=sched.alloc_of(rec, done)))
-            return False
-        moved.append((r, before))
-    for r, _ in moved:
-        sched.journal_change(plan.t, r)
-    return bool(moved)
+    reschedule), all or nothing (Scheduler.move_vnode). The caller advances the scheduler to now first."""
+    return plan.scheduler.move_vnode(lease_id, vnode, old_node, new_node, plan.t)
 
 
 def _sync_leases(sched: Scheduler, lease_ids: set[int]) -> None:

@@ -2,9 +2,16 @@
 table as placer checks, and the placer's answer. Reads only: the actions that store the answer are in
 leases/instances/actions/reschedules.py.
 
-Placement of a move is decided by the placer (fleet/capacity.py) with two extra checks: the slot table must hold
-the vnode for the rest of its reservations on the target, and the lease's groups must allow it (fleet/affinity.py,
-the same rules a submission and the agent apply).
+A proposal's dry run (`plan_move`) is decided by the placer (fleet/capacity.py) with two extra checks: the slot
+table must hold the vnode for the rest of its reservations on the target, and the lease's groups must allow it
+(fleet/affinity.py, the same rules a submission and the agent apply).
+
+An approval (`decide_move`) is asked of the plan applier's scheduler instead, inside the pass that commits it: the
+vnode as a one-VM request over the rest of its reservations, with the lease's group rules as the mapper takes
+them. The slot table (with the now-gate and the pass's exclusions) is the one capacity view of the whole pass,
+and each move is written into it before the next approval is decided, so a batch of approvals accounts for
+itself; the verdicts come from the scheduler's vectorised `explain` (store.report_row), not from a placer run
+and a Python dict per node per approval (most of a bulk approval's time, measured: docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -14,12 +21,14 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from fleet import affinity, capacity, placement
-from leases import reads, vnodes
+from fleet.models import PlacementReport
+from leases import reads, store, vnodes
 from leases.instance_rows import LIVE
 from leases.instances.models import Reschedule, RescheduleStatus
 from leases.instances.reads import claims
 from leases.lifecycle import InstanceState, LeaseState
 from leases.models import Allocation, Group, Instance
+from leases.scheduler import LeaseRequest
 
 
 @dataclass
@@ -34,7 +43,13 @@ class FleetView:
     groups: dict[int, dict[int, list[tuple[int, str]]]]  # group id -> node id -> [(instance pk, iid)]
 
     @classmethod
-    def read(cls, now: datetime) -> FleetView:
+    def read(cls, now: datetime, nodes: Sequence[capacity.NodeState] | None = None) -> FleetView:
+        """The fleet with what runs where (a proposal's placer run), or, given the nodes a planning pass read
+        already, only their names (an approval: the pass's slot table holds the capacity, so nothing is read)."""
+        if nodes is not None:
+            return cls(
+                states={}, ids={n.name: n.id for n in nodes}, names={n.id: n.name for n in nodes}, groups={}
+            )
         states = placement.snapshot(now, claims=claims())
         return cls(
             states={s.name: s for s in states},
@@ -87,12 +102,27 @@ class FleetView:
             self.groups[group.pk] = reads.group_members(group)
         return self.groups[group.pk]
 
-    def moved(self, old: Instance, new: Instance, need: capacity.Need, target: str) -> None:
-        state = self.states[target]
-        claim = capacity.Claim(
-            id=new.iid, mem_mib=need.mem_mib, disk_gib=need.disk_gib, cpu_cores=need.cpu_cores
+    def read_groups(self, groups: Sequence[Group]) -> None:
+        """Where the live members of all these groups run, in one query (a bulk approval's groups at once)."""
+        wanted = {g.pk for g in groups} - set(self.groups)
+        if not wanted:
+            return
+        for pk in wanted:
+            self.groups[pk] = {}
+        rows = Instance.objects.filter(lease__groups__in=wanted, state__in=LIVE).values_list(
+            "lease__groups", "node_id", "pk", "iid"
         )
-        self.states[target] = replace(state, pending=(*state.pending, claim))
+        for group_id, node_id, pk, iid in rows:
+            if group_id in wanted:
+                self.groups[group_id].setdefault(node_id, []).append((pk, iid))
+
+    def moved(self, old: Instance, new: Instance, need: capacity.Need | None, target: str) -> None:
+        if target in self.states and need is not None:
+            state = self.states[target]
+            claim = capacity.Claim(
+                id=new.iid, mem_mib=need.mem_mib, disk_gib=need.disk_gib, cpu_cores=need.cpu_cores
+            )
+            self.states[target] = replace(state, pending=(*state.pending, claim))
         # The old instance is lost (not a live member) or stopping; the new one is a member on the target now.
         for group_id in (g.pk for g in old.lease.groups.all()):  # prefetched by do_approve
             by_node = self.groups.get(group_id)
@@ -213,3 +243,118 @@ def why_not(result: capacity.Placement, node: str | None) -> str:
     if verdict is None or verdict.fit:
         return "a better node was found"
     return f"{verdict.reason_code}: {verdict.reason}"
+
+
+# A dry-run request's id: no lease has it (the preview's is -1).
+MOVE_ID = -2
+# The reason codes that keep a move from being applied, the most telling first.
+BLOCKERS = ("anti_affinity", "affinity", "reserved", "at_capacity", "no_disk", "missing_capability")
+
+
+@dataclass
+class MoveDecision:
+    """An approval's answer: the target node (None: nothing fits now), its unsaved report (every node's verdict),
+    and, when the proposed node was passed over, why ("code: sentence")."""
+
+    target: int | None
+    report: PlacementReport
+    passed_over: str = ""
+
+    @property
+    def blocked_by(self) -> str:
+        counts = self.report.counts
+        return next((code for code in BLOCKERS if counts.get(code)), self.report.outcome)
+
+
+def move_request(plan: store.Planning, inst: Instance, fleet: FleetView) -> LeaseRequest | None:
+    """The vnode as a one-VM request over what is left of its reservations on its old node, with the lease's group
+    rules (the instance itself left out) and capabilities; None when it holds no reservation there to move."""
+    sched = plan.scheduler
+    rec = sched.leases.get(inst.lease_id)
+    if rec is None:
+        return None
+    ends = [r.end for r in rec.chain() if r.nodes.get(inst.vnode) == inst.node_id and r.end > plan.t]
+    if not ends:
+        return None
+    lease = inst.lease
+    groups = group_views(lease, exclude_instance=inst, fleet=fleet)
+    rules = affinity.spread(groups, fleet.names) if groups else affinity.Spread()
+    barred = ()
+    if groups or lease.capabilities:
+        barred = store.barred_nodes(lease.capabilities or (), groups, plan.nodes)
+    return LeaseRequest(
+        id=MOVE_ID,
+        type="immediate",
+        submit=plan.t,
+        start=plan.t,
+        duration=max(ends) - plan.t,
+        vnodes=(vnodes.as_res(lease.vnodes[inst.vnode - 1]),),
+        preemptible=False,
+        spread=rules.limit,
+        taken=rules.taken,
+        avoid=rules.avoid,
+        barred=barred,
+    )
+
+
+def decide_move(
+    plan: store.Planning,
+    req: LeaseRequest,
+    *,
+    preferred: int | None,
+    subject: str,
+    requested_by: str,
+) -> MoveDecision:
+    """Where the vnode goes: the proposed node while it still holds the VM for its whole remaining time (the
+    scheduler's verdict, now-gate and group rules included), else the node the scheduler's mapper picks, else
+    nowhere. The stored report is the verdict the choice was made from, so the two never disagree.
+
+    The window is [now, the end of its last reservation there): for a vnode with several reservations (a suspension
+    and its resume) that is stricter than each one's own window, never looser. move_vnode re-checks each exactly."""
+    start, end = plan.t, plan.t + req.duration
+
+    def report(proposed: Sequence[int]) -> PlacementReport:
+        return store.report_row(
+            plan, req, start, end, outcome="placed", message="", subject=subject,
+            requested_by=requested_by, proposed=proposed,
+        )  # fmt: skip
+
+    first, passed_over = None, ""
+    if preferred is not None and preferred in plan.excluded:
+        passed_over = plan.excluded[preferred]
+    elif preferred is not None:
+        first = report([preferred])
+        if first.verdicts["chosen"] == [preferred]:
+            return MoveDecision(preferred, first)
+        passed_over = _why_not(first, plan.names.get(preferred), plan.names)
+    found = plan.scheduler.propose(req, start, end, plan.excluded)
+    if found:
+        chosen = report(found[:1])
+        if chosen.verdicts["chosen"] == found[:1]:
+            return MoveDecision(found[0], chosen, passed_over)
+    refused = first if first is not None else report([])
+    refused.chosen = []
+    refused.outcome = _no_placement(refused.counts)
+    # The outcome first, as the placer worded it ("fleet at capacity: ..."): the console and operators read it.
+    refused.message = f"{refused.outcome.replace('_', ' ')}: {refused.summary}"
+    return MoveDecision(None, refused, passed_over)
+
+
+def _why_not(report: PlacementReport, node: str | None, names: Mapping[int, str]) -> str:
+    if node is None:
+        return "it is no longer in the fleet"
+    report.use_names(names)
+    row = report.verdict_for(node)
+    if row is None or row.get("fit"):
+        return "a better node was found"
+    return f"{row.get('reason_code')}: {row.get('reason')}"
+
+
+def _no_placement(counts: Mapping[str, int]) -> str:
+    """The placer's outcome names from a report's counts (as a preview names them)."""
+    codes = {code for code, n in counts.items() if n and code not in ("evaluated", "fit")}
+    if codes and codes <= {str(c) for c in capacity.PERMANENT}:
+        return str(capacity.Outcome.NO_CAPABLE_NODE)
+    if not codes or codes <= {str(c) for c in capacity.BLIND}:
+        return str(capacity.Outcome.FLEET_UNREADABLE)
+    return str(capacity.Outcome.FLEET_AT_CAPACITY)

@@ -35,7 +35,7 @@ from leases.scheduling.records import (
     utc_label,
 )
 from leases.scheduling.timing import Timing
-from leases.slottable import Res, Reservation, RoomCounts, SlotTable
+from leases.slottable import Overcommit, Res, Reservation, RoomCounts, SlotTable
 
 _S = LeaseState
 
@@ -123,6 +123,41 @@ class PlanBook:
     def journal_change(self, now: float, r: ReservationRecord) -> None:
         """Record that a reservation was changed from outside (a vnode moved by a reschedule)."""
         self._journal(now, r, "reservation_changed")
+
+    def move_vnode(self, lease_id: int, vnode: int, old_node: int, new_node: int, now: float) -> bool:
+        """Moves one vnode's share of a lease's current reservations from `old_node` to `new_node` (a reschedule).
+        All or nothing: if any reservation would overcommit the new node, nothing moves. The caller advances to
+        now first, so reservations already over are retired and not compared.
+
+        Done here rather than on the table from outside: the mapper keeps per-node answers (`_fit_memo`, the host
+        score views, the room counts) that hold until a change touches the node, and a move written straight into
+        the table left them stale, so the next placement in the same pass was mapped onto a node the move had
+        just filled (and refused by the verdicts: a bulk approval stalled after its first full node)."""
+        rec = self.leases.get(lease_id)
+        if rec is None:
+            return False
+        moved: list[tuple[ReservationRecord, dict[int, int]]] = []
+        for r in rec.chain():
+            if r.nodes.get(vnode) != old_node:
+                continue
+            before = dict(r.nodes)
+            r.nodes[vnode] = new_node
+            try:
+                self.table.replace(self._table_row(rec, r))
+            except Overcommit:
+                r.nodes.clear()
+                r.nodes.update(before)
+                for done, nodes in moved:
+                    done.nodes.clear()
+                    done.nodes.update(nodes)
+                    self.table.replace(self._table_row(rec, done))
+                return False
+            moved.append((r, before))
+        if moved:
+            self._touch((old_node, new_node))
+        for r, _ in moved:
+            self._journal(now, r, "reservation_changed")
+        return bool(moved)
 
     def _use_exclusions(self, excluded: Mapping[int, str] | None) -> None:
         # The room counts are sums over the usable nodes: a different set of exclusions makes them wrong.

@@ -129,8 +129,8 @@ def test_an_approval_racing_a_declare_dead_never_leaves_a_live_instance_on_the_d
     fleet_read, declared = threading.Event(), threading.Event()
     real_read = placing.FleetView.read
 
-    def slow_read(now):
-        view = real_read(now)
+    def slow_read(now, *nodes):
+        view = real_read(now, *nodes)
         fleet_read.set()
         declared.wait(HOLD_S)
         return view

@@ -718,3 +718,74 @@ def test_free_runs_give_every_earliest_fit(built, query):
     for length in (0.5, 1.0, 3.0, 7.0, 40.0):
         first = next((a for a, b in runs if b - a >= length), None)
         assert first == naive.earliest_fit(node, need, length, after)
+
+
+def blockers_segment_by_segment(table, naive, node, need, start, end):
+    """The blockers' definition, walked one segment at a time over every reservation: a reservation blocks when it
+    shares an instant with a segment where the node has no room for `need`, in a dimension it uses there."""
+    if not need.fits_in(CAP[node]):
+        return []
+    points = sorted(
+        {start, end, *(t for r in naive.rows.values() for t in (r.start, r.end) if start < t < end)}
+    )
+    segments = [(a, b) for a, b in itertools.pairwise(points)] if end > start else [(start, start)]
+    found = {}
+    for a, b in segments:
+        level = naive.used(node, a)
+        short = [
+            d
+            for d in ("cpu", "mem")
+            if getattr(need, d) and getattr(level, d) + getattr(need, d) > getattr(CAP[node], d)
+        ]
+        for r in naive.rows.values():
+            if node in r.alloc and r.overlaps(a, b) and any(getattr(r.alloc[node], d) > 0 for d in short):
+                found[r.rid] = r
+    return sorted(found.values(), key=lambda r: (r.start, r.rid))
+
+
+@settings(max_examples=300, deadline=None)
+@given(tables, st.lists(queries, min_size=1, max_size=5))
+def test_the_blockers_are_the_reservations_in_the_way_segment_by_segment(built, qs):
+    table, naive = build(*built)
+    for node, need, t, length in qs:
+        expected = blockers_segment_by_segment(table, naive, node, need, t, t + length)
+        assert [r.rid for r in table.blockers(node, need, t, t + length)] == [r.rid for r in expected]
+
+
+@settings(max_examples=200, deadline=None)
+@given(tables, st.data())
+def test_moving_a_reservations_share_to_another_node_is_the_same_as_removing_and_adding_it(built, data):
+    """A reschedule moves one vnode's share to another node: same times, same total. replace() rewrites only the
+    two nodes then; the table must answer exactly as if the reservation had been removed and added again."""
+    table, naive = build(*built)
+    moved = [r for r in naive.rows.values() if len(r.alloc) == 1]
+    if not moved:
+        return
+    r = data.draw(st.sampled_from(moved))
+    [(source, use)] = r.alloc.items()
+    target = 2 if source == 1 else 1
+    shifted = Reservation(r.rid, r.lease_id, r.kind, r.start, r.end, {target: use})
+    reference = SlotTable(CAP)
+    for other in naive.rows.values():
+        if other.rid != r.rid:
+            reference.add(other)
+    try:
+        reference.add(shifted)
+        fits = True
+    except Overcommit:
+        fits = False
+    table.blockers(target, Res(cpu=1), 0.0, 30.0)  # built the kept columns, which the move must drop
+    if not fits:
+        with pytest.raises(Overcommit):
+            table.replace(shifted)
+        shifted, reference = r, SlotTable(CAP)
+        for other in naive.rows.values():
+            reference.add(other)
+    else:
+        table.replace(shifted)
+    assert table.get(r.rid) == shifted
+    for node in CAP:
+        for t in range(0, 34):
+            assert table.used_at(node, float(t)) == reference.used_at(node, float(t))
+        assert table.blockers(node, Res(cpu=1), 0.0, 30.0) == reference.blockers(node, Res(cpu=1), 0.0, 30.0)
+    assert table.total_free_at(float(r.start)) == reference.total_free_at(float(r.start))

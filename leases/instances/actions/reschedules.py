@@ -4,6 +4,10 @@ Approvals run in one plan-applier transaction (store.planning), so a move counts
 committed; two approvals that race (seed 002, Nova bug 1735407) are serialised and the second is re-planned
 instead of violating the group. A bulk approval re-plans each proposal against the ones approved before it in the
 same call, and writes them all at the end (`_Batch`). Each approval writes its audit row; events go after commit.
+
+An approval is decided by the plan applier's scheduler (placing.decide_move): the pass's slot table is the one
+capacity view, each move is written into it before the next approval is decided, and the stored report is the
+scheduler's vectorised verdict the decision was made from.
 """
 
 from __future__ import annotations
@@ -18,17 +22,15 @@ from django.db.models import Max
 from django.utils import timezone
 
 from fleet import capacity, placement
-from fleet.models import PlacementReport
 from leases import store
 from leases.instance_rows import LIVE, placed_instance
 from leases.instances.models import Reschedule, RescheduleStatus
-from leases.instances.placing import FleetView, blocker, plan_move, remaining_windows, why_not
+from leases.instances.placing import FleetView, blocker, decide_move, move_request, plan_move
 from leases.lifecycle import InstanceState, LeaseState, can_instance
 from leases.models import Instance, InstanceEvent
 from slotkeeper import audit, events, metrics
-from slotkeeper.bulk import update_many
+from slotkeeper.bulk import insert_many, update_many
 from slotkeeper.domain import DomainError, NotFound, StaleVersion
-from slotkeeper.models import AuditEntry
 
 log = logging.getLogger(__name__)
 _I = InstanceState
@@ -118,16 +120,18 @@ class _Batch:
         return self.generations[key]
 
     def flush(self) -> None:
-        made = PlacementReport.objects.bulk_create([report for _, report in self.reports])
-        for (proposal, _), report in zip(self.reports, made, strict=True):
+        # One INSERT per table for the whole batch (slotkeeper.bulk.insert_many): the reports' JSON columns made
+        # bulk_create's client-side quoting most of the batch's write time.
+        insert_many([report for _, report in self.reports])
+        for proposal, report in self.reports:
             proposal.report = report
-        Instance.objects.bulk_create([inst for _, inst in self.new_instances])
+        insert_many([inst for _, inst in self.new_instances])
         for proposal, inst in self.new_instances:
             if proposal is not None:
                 proposal.new_instance = inst
         for inst, event in self.history:
             event.instance = inst
-        InstanceEvent.objects.bulk_create([event for _, event in self.history])
+        insert_many([event for _, event in self.history])
         if self.old_instances:
             update_many(self.old_instances, ["state", "state_changed_at", "desired_state"])
         if self.proposals:
@@ -142,7 +146,7 @@ class _Batch:
                 "new_instance",
             ]
             update_many(self.proposals, fields)
-        AuditEntry.objects.bulk_create(self.audits)
+        insert_many(self.audits)
         for proposal in self.proposals:
             events.send_on_commit("reschedule-changed", reschedule=proposal.pk)
         for _, inst in self.new_instances:
@@ -159,17 +163,19 @@ class _Batch:
 def do_approve(
     actor, ids: Sequence[int], *, now: datetime, versions: dict[int, int] | None = None
 ) -> list[ApprovalResult]:
-    """Approves proposals in one plan-applier transaction: each is re-planned against everything committed before
-    it (including the moves approved earlier in this same call), so a group can never be broken by a burst."""
+    """Approves proposals in one plan-applier transaction: each is re-planned by the scheduler against everything
+    committed before it, including the moves approved earlier in this same call (each is in the slot table and the
+    group members before the next is decided), so neither capacity nor a group can be broken by a burst."""
     results = []
     with store.planning(now) as plan:
         # Retire what is already over, so only live reservations are compared.
         plan.scheduler.advance(plan.t, plan.excluded)
-        fleet = FleetView.read(now)
+        # The pass read the nodes already; the slot table is the capacity view, so nothing more is read for them.
+        fleet = FleetView.read(now, plan.nodes)
         proposals = {
             p.pk: p
             for p in Reschedule.objects.select_for_update(of=("self",))
-            .select_related("instance__lease", "proposed_node")
+            .select_related("instance__lease")
             .prefetch_related("instance__lease__groups")
             .filter(pk__in=list(ids))
         }
@@ -180,8 +186,8 @@ def do_approve(
             .order_by("id")
             .values_list("id", flat=True)
         )
+        fleet.read_groups([g for p in proposals.values() for g in p.instance.lease.groups.all()])
         lease_ids = {p.lease_id for p in proposals.values()}
-        windows = remaining_windows(lease_ids, now)
         batch = _Batch(now=now, actor=actor)
         for lease_id, vnode, top in _generations(lease_ids):
             batch.generations[(lease_id, vnode)] = top
@@ -190,7 +196,7 @@ def do_approve(
                 proposal = proposals.get(pk)
                 if proposal is None:
                     raise NotFound(f"reschedule {pk} does not exist")
-                results.append(_approve_one(proposal, plan, (versions or {}).get(pk), fleet, batch, windows))
+                results.append(_approve_one(proposal, plan, (versions or {}).get(pk), fleet, batch))
             except (DomainError, NotFound) as exc:
                 status = proposals[pk].status if pk in proposals else "unknown"
                 code = (
@@ -221,9 +227,7 @@ def _generations(lease_ids: Iterable[int]) -> list[tuple[int, int, int]]:
     return list(rows)
 
 
-def _approve_one(
-    proposal, plan, version: int | None, fleet: FleetView, batch: _Batch, windows
-) -> ApprovalResult:
+def _approve_one(proposal, plan, version: int | None, fleet: FleetView, batch: _Batch) -> ApprovalResult:
     pk, now = proposal.pk, batch.now
     if proposal.status != RescheduleStatus.PENDING:
         raise DomainError(f"reschedule {pk} is already {proposal.status}")
@@ -242,31 +246,34 @@ def _approve_one(
         proposal.decided_at, proposal.decided_by = now, who
         batch.proposals.append(proposal)
         return ApprovalResult(pk, False, proposal.status, proposal.message, code="conflict")
-    proposed = proposal.proposed_node.name if proposal.proposed_node_id else None
-    need, result, ids = plan_move(
-        inst, now, preferred=proposed, table=plan.scheduler.table, fleet=fleet, windows=windows
+    req = move_request(plan, inst, fleet)
+    if req is None:
+        raise DomainError(f"the slot table holds no reservation of {inst.iid} to move any more")
+    proposed = fleet.names.get(proposal.proposed_node_id) if proposal.proposed_node_id else None
+    decision = decide_move(
+        plan,
+        req,
+        preferred=proposal.proposed_node_id,
+        subject=f"reschedule:{inst.iid}",
+        requested_by=who,
     )
-    report = placement.report_row(
-        now, f"reschedule:{inst.iid}", need, result, requested_by=who, ids_by_name=ids
-    )
-    batch.reports.append((proposal, report))
-    batch.proposals.append(proposal)
-    if result.outcome != capacity.Outcome.PLACED:
+    report = decision.report
+    if decision.target is None:
+        batch.reports.append((proposal, report))
+        batch.proposals.append(proposal)
         proposal.version += 1
-        proposal.blocked_by = blocker(result)
-        proposal.message = f"still pending: {result.message}"
+        proposal.blocked_by = decision.blocked_by
+        proposal.message = f"still pending: {report.message}"
         return ApprovalResult(pk, False, proposal.status, proposal.message, code="pending")
-    target_name = result.nodes[0]
-    target_id = ids[target_name]
+    target_id = decision.target
+    target_name = fleet.names[target_id]
     if not store.move_vnode(plan, lease.pk, inst.vnode, inst.node_id, target_id):
-        batch.reports.pop()
-        batch.proposals.pop()
         raise DomainError(f"the slot table has no room for {inst.iid} on {target_name} any more")
     generation = batch.next_generation(lease.pk, inst.vnode)
     new, first = placed_instance(lease.pk, inst.vnode, generation, target_id, now, replaces=inst)
     batch.new_instances.append((proposal, new))
     batch.history.append((new, first))
-    fleet.moved(inst, new, need, target_name)
+    fleet.moved(inst, new, None, target_name)
     if inst.state == _I.LOST:
         batch.event(inst, _I.RESCHEDULED, f"replaced by {new.iid} on {target_name}")
     else:
@@ -279,10 +286,14 @@ def _approve_one(
     changed = proposed and proposed != target_name
     message = (
         f"moved to {target_name} as {new.iid}; the proposed node {proposed} no longer fits "
-        f"({why_not(result, proposed)})"
+        f"({decision.passed_over})"
         if changed
         else f"moved to {target_name} as {new.iid}"
     )
+    report.message = message
+    report.preferred_note = f"the proposed node {proposed} no longer fits" if changed else ""
+    batch.reports.append((proposal, report))
+    batch.proposals.append(proposal)
     proposal.status = RescheduleStatus.APPLIED
     proposal.message = message
     proposal.blocked_by = ""
