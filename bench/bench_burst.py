@@ -100,6 +100,18 @@ class Ask:
     def start(self, now: datetime) -> datetime | None:
         return None if self.start_in_s is None else now + timedelta(seconds=self.start_in_s)
 
+    def spec(self, now: datetime):
+        """The request as `do_submit_lease` takes it."""
+        from leases import actions
+
+        return actions.LeaseSpec(
+            name=self.name,
+            type=self.type,
+            duration_s=self.duration_s,
+            vnodes=self.nodes(),
+            start=self.start(now),
+        )
+
     def body(self, now: datetime) -> dict:
         start = self.start(now)
         return {
@@ -299,13 +311,7 @@ def submit_worker(database_url: str, asks: list[Ask], threads: int, ready: Barri
         for ask in share:
             t = time.perf_counter()
             now = timezone.now()
-            spec = actions.LeaseSpec(
-                name=ask.name,
-                type=ask.type,
-                duration_s=ask.duration_s,
-                vnodes=ask.nodes(),
-                start=ask.start(now),
-            )
+            spec = ask.spec(now)
             try:
                 done = actions.do_submit_lease(actor, spec, now=now)
                 outcome = "accepted" if done.decision.accepted else "rejected"
@@ -516,13 +522,7 @@ def profile(asks: list[Ask], keep_cache: bool) -> None:
     with connection.execute_wrapper(counted):
         for ask in asks:
             now = timezone.now()
-            spec = actions.LeaseSpec(
-                name=ask.name,
-                type=ask.type,
-                duration_s=ask.duration_s,
-                vnodes=ask.nodes(),
-                start=ask.start(now),
-            )
+            spec = ask.spec(now)
             if not keep_cache:
                 store.drop_cache()
             count[0] = 0

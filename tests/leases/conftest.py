@@ -45,3 +45,37 @@ def fleet(db):
 
 def vm(cores=1, mem=1024, disk=0):
     return {"cpu_cores": cores, "mem_mib": mem, "disk_gib": disk}
+
+
+def intent(name: str, now, *, type="best_effort", cores=1, count=1, start=None):
+    """A stored lease request waiting for a pass (state `new`), as do_submit_lease stores it before it waits."""
+    from leases.models import Lease
+
+    return Lease.objects.create(
+        name=name,
+        type=type,
+        submitted_at=now,
+        requested_start=start,
+        duration_s=3600,
+        vnodes=[vm(cores=cores)] * count,
+    )
+
+
+def unreadable(monkeypatch, name: str) -> None:
+    """The lease called `name` cannot even be turned into a scheduler request: `store.request_of` raises for it."""
+    real = store.request_of
+
+    def request_of(lease, *args):
+        if lease.name == name:
+            raise ValueError("a vnode of no size")
+        return real(lease, *args)
+
+    monkeypatch.setattr(store, "request_of", request_of)
+
+
+def count_loads(monkeypatch) -> list:
+    """A list that grows by one each time a pass loads a scheduler from the database."""
+    loads: list = []
+    real = store.load
+    monkeypatch.setattr(store, "load", lambda *a: loads.append(1) or real(*a))
+    return loads

@@ -24,20 +24,8 @@ from leases.models import Lease, PlanVersion, SchedulerState
 from slotkeeper import planlock
 from slotkeeper.models import AuditEntry
 from tests.conftest import requires_postgres
-from tests.leases.conftest import vm
+from tests.leases.conftest import intent, unreadable, vm
 from tests.leases.invariants import overcommitted_instants
-
-
-def intent(name: str, now, *, type="best_effort", cores=1, count=1, start=None) -> Lease:
-    """A stored lease request waiting for a pass, as do_submit_lease stores it before it waits."""
-    return Lease.objects.create(
-        name=name,
-        type=type,
-        submitted_at=now,
-        requested_start=start,
-        duration_s=3600,
-        vnodes=[vm(cores=cores)] * count,
-    )
 
 
 def spec(name: str, *, type="best_effort", cores=1, count=1, start=None) -> actions.LeaseSpec:
@@ -79,14 +67,7 @@ def test_one_pass_plans_every_waiting_request_with_one_version_and_one_report_ea
 def test_a_request_the_scheduler_cannot_take_is_rejected_alone_and_the_batch_goes_on(fleet, monkeypatch):
     now = timezone.now()
     bad, good = intent("bad", now), intent("good", now)
-    real = store.request_of
-
-    def request_of(lease, *args):
-        if lease.name == "bad":
-            raise ValueError("a vnode of no size")
-        return real(lease, *args)
-
-    monkeypatch.setattr(store, "request_of", request_of)
+    unreadable(monkeypatch, "bad")
     with store.planning(now):
         pass
     bad.refresh_from_db()

@@ -15,23 +15,11 @@ from leases import actions, store
 from leases.lifecycle import TERMINAL_LEASE_STATES, LeaseState
 from leases.models import Alert, Lease, Reservation, SchedulerState
 from leases.scheduler import Scheduler
-from tests.leases.conftest import vm
+from tests.leases.conftest import count_loads, intent, unreadable, vm
 from tests.leases.invariants import overcommitted_instants
 
 # Real commits: the scheduler is cached only once its pass commits, and these tests compare the cached one.
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def intent(name: str, now, *, type="best_effort", cores=1, count=1, start=None) -> Lease:
-    """A stored lease request waiting for a pass (state `new`), as do_submit_lease stores it."""
-    return Lease.objects.create(
-        name=name,
-        type=type,
-        submitted_at=now,
-        requested_start=start,
-        duration_s=3600,
-        vnodes=[vm(cores=cores)] * count,
-    )
 
 
 def picture(sched: Scheduler) -> dict:
@@ -176,17 +164,8 @@ def test_a_submit_that_raises_before_changing_anything_costs_no_reload(fleet, mo
     # scheduler it has.
     now = timezone.now()
     bad, good = intent("bad", now), intent("good", now)
-    real = store.request_of
-
-    def request_of(lease, *args):
-        if lease.name == "bad":
-            raise ValueError("a vnode of no size")
-        return real(lease, *args)
-
-    monkeypatch.setattr(store, "request_of", request_of)
-    loads = []
-    real_load = store.load
-    monkeypatch.setattr(store, "load", lambda *a: loads.append(1) or real_load(*a))
+    unreadable(monkeypatch, "bad")
+    loads = count_loads(monkeypatch)
     with store.planning(now):
         pass
     cached = cached_scheduler()
@@ -209,9 +188,7 @@ def test_a_defect_that_fails_every_submit_costs_a_pass_a_few_restarts_not_one_pe
         raise RuntimeError("every submit fails")
 
     monkeypatch.setattr(Scheduler, "submit", broken)
-    loads = []
-    real_load = store.load
-    monkeypatch.setattr(store, "load", lambda *a: loads.append(1) or real_load(*a))
+    loads = count_loads(monkeypatch)
     with store.planning(now):
         pass
     states = [Lease.objects.get(pk=w.pk).state for w in waiting]
