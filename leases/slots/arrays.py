@@ -2,9 +2,9 @@
 decision: each node's least free capacity over a window, and its free capacity at the window's start) is a few
 array operations instead of a Python loop over the fleet (docs/capacity.md, "Building a report").
 
-The columns are kept in step with the table by splicing: the table notes which nodes it wrote to (`dirty`), and
-only their segments are rebuilt; a decision changes a handful of nodes, so refreshing costs a copy of the arrays
-in C, not a pass over every line in Python.
+The columns are kept in step with the table in place: the table notes which nodes it wrote to (`dirty`), and only
+their slots are rewritten; a decision changes a handful of nodes, so refreshing costs a few small writes, not a
+pass over every line in Python nor a copy of every column.
 
 PURE: no Django.
 """
@@ -21,70 +21,92 @@ from leases.slots.values import Vec
 
 # cpu, memory, disk: the dimensions a verdict can name (vec indexes 0, 1, 2).
 DIMS = 3
+# Spare slots per node: a decision adds or removes a few breakpoints on a node (two per reservation); a node
+# holding n breakpoints gets SPARE_SLOTS + n // SPARE_SHARE spare ones, so a busy node's line can grow for a
+# while before every column is laid out again.
+SPARE_SLOTS = 2  # at least 1: a node's last segment ends at the spare slot's time, inf
+SPARE_SHARE = 16
 
+# Usage levels: cores in hundredths, memory in MiB, disk in GiB; a node's capacity is far below 2**31 of each.
+LEVEL = np.int32
 IntArray = npt.NDArray[np.int64]
+LevelArray = npt.NDArray[np.int32]
 FloatArray = npt.NDArray[np.float64]
 
 
 class NodeArrays:
     """Every node's step function as flat columns, node after node, in the table's node order.
 
-    For node i, points off[i]..off[i+1]-1 hold its breakpoints: `times`, the next breakpoint (`nexts`, inf after
-    the last) and the usage level on that segment (`levels`, one column per dimension)."""
+    Node i owns slots off[i]..off[i+1]-1: its breakpoints first (`sizes[i]` of them: `times`, and the usage
+    level on the segment each one begins in `levels`, one column per dimension), then at least one spare slot
+    (time inf, levels zero), which no window meets. A segment ends at the next slot's time, so the spare slot
+    after a node's last breakpoint ends its last segment at inf.
+
+    A write that changes a node's line rewrites its slots in place while they hold it. A report reads these
+    columns once per decision, usually cold (the planning pass before it evicted them from the CPU's caches),
+    so they are kept narrow: 20 bytes a slot (a float64 time, int32 levels), not 48 with a column of next
+    times and int64 levels; and a decision no longer copies every column of a 10,000-reservation table."""
 
     def __init__(self, nodes: Sequence[int], caps: Mapping[int, Vec], lines: Mapping[int, Line]) -> None:
         self.nodes = np.asarray(nodes, dtype=np.int64)
         self.pos = {n: i for i, n in enumerate(nodes)}
         self.caps: IntArray = np.array([caps[n][:DIMS] for n in nodes], dtype=np.int64).reshape(-1, DIMS)
-        pieces = [_columns(lines[n]) for n in nodes]
-        self.sizes: IntArray = np.array([len(p[0]) for p in pieces], dtype=np.int64)
-        self.times: FloatArray = np.concatenate([p[0] for p in pieces] or [np.zeros(0)])
-        self.nexts: FloatArray = np.concatenate([p[1] for p in pieces] or [np.zeros(0)])
-        self.levels: IntArray = np.concatenate([p[2] for p in pieces] or [np.zeros((0, DIMS), np.int64)])
-        self._offsets()
+        self._layout([_columns(lines[n]) for n in nodes])
 
     def refresh(self, lines: Mapping[int, Line], dirty: Iterable[int]) -> None:
-        """Rebuild the segments of the nodes written to since the last refresh, in one splice per column."""
+        """Rewrite the slots of the nodes written to since the last refresh; lay every column out again (with
+        fresh spare slots) only when a node's line outgrew its slots."""
         changed = sorted(self.pos[n] for n in dirty if n in self.pos)
         if not changed:
             return
-        parts: tuple[list[npt.NDArray], list[npt.NDArray], list[npt.NDArray]] = ([], [], [])
-        at = 0
-        for i in changed:
-            a, b = int(self.off[i]), int(self.off[i + 1])
-            new = _columns(lines[int(self.nodes[i])])
-            for part, old, fresh in zip(parts, (self.times, self.nexts, self.levels), new, strict=True):
-                part.append(old[at:a])
-                part.append(fresh)
-            self.sizes[i] = len(new[0])
-            at = b
-        for part, old in zip(parts, (self.times, self.nexts, self.levels), strict=True):
-            part.append(old[at:])
-        self.times = np.concatenate(parts[0])
-        self.nexts = np.concatenate(parts[1])
-        self.levels = np.concatenate(parts[2])
-        self._offsets()
+        fresh = {i: _columns(lines[int(self.nodes[i])]) for i in changed}
+        if any(len(fresh[i][0]) >= self.off[i + 1] - self.off[i] for i in changed):  # one slot stays spare
+            self._layout([fresh[i] if i in fresh else self._node_columns(i) for i in range(len(self.sizes))])
+            return
+        for i, (times, levels) in fresh.items():
+            a, b, n = int(self.off[i]), int(self.off[i + 1]), len(times)
+            self.times[a : a + n], self.levels[a : a + n] = times, levels
+            self.times[a + n : b] = np.inf
+            self.levels[a + n : b] = 0
+            self.sizes[i] = n
 
-    def _offsets(self) -> None:
-        self.off: IntArray = np.zeros(len(self.sizes) + 1, dtype=np.int64)
-        np.cumsum(self.sizes, out=self.off[1:])
-        self._owner = np.repeat(np.arange(len(self.sizes)), self.sizes)  # the node of each breakpoint
+    def _node_columns(self, i: int) -> tuple[FloatArray, LevelArray]:
+        a = int(self.off[i])
+        b = a + int(self.sizes[i])
+        return self.times[a:b], self.levels[a:b]
+
+    def _layout(self, pieces: Sequence[tuple[FloatArray, LevelArray]]) -> None:
+        """The columns from every node's own, each node given spare slots for the lines it will grow into."""
+        self.sizes: IntArray = np.array([len(p[0]) for p in pieces], dtype=np.int64)
+        slots = self.sizes + SPARE_SLOTS + self.sizes // SPARE_SHARE
+        self.off: IntArray = np.zeros(len(slots) + 1, dtype=np.int64)
+        np.cumsum(slots, out=self.off[1:])
+        total = int(self.off[-1])
+        # Where each breakpoint goes: its node's first slot, plus its place on the node's line.
+        firsts = np.cumsum(self.sizes) - self.sizes
+        at = np.arange(int(self.sizes.sum())) + np.repeat(self.off[:-1] - firsts, self.sizes)
+        self.times: FloatArray = np.full(total, np.inf)
+        self.levels: LevelArray = np.zeros((total, DIMS), dtype=LEVEL)
+        if len(at):
+            self.times[at] = np.concatenate([p[0] for p in pieces])
+            self.levels[at] = np.concatenate([p[1] for p in pieces])
+        self._owner = np.repeat(np.arange(len(slots)), slots)  # the node of each slot
 
     def peak_over(self, start: float, end: float) -> IntArray:
         """Per node and dimension, the highest usage at any instant of [start, end) (end > start): what
         `SlotTable.free_over_vec` subtracts from the capacity."""
-        return self._per_node((self.times < end) & (self.nexts > start), np.maximum)
+        return self._per_node(self._meeting(start, end, end), np.maximum)
 
     def level_at(self, t: float) -> IntArray:
         """Per node and dimension, the usage at instant t (the segment holding t; zero outside every segment)."""
-        return self._per_node((self.times <= t) & (self.nexts > t), np.add)
+        return self._per_node(self._meeting(t, t, np.nextafter(t, np.inf)), np.add)
 
     def over(self, start: float, end: float) -> tuple[IntArray, IntArray]:
         """`peak_over(start, end)` and `level_at(start)` from one gather (end > start): a node's first segment
         meeting the window holds `start` unless the node's line begins later."""
         peak = np.zeros((len(self.sizes), DIMS), dtype=np.int64)
         at_start = np.zeros((len(self.sizes), DIMS), dtype=np.int64)
-        picked = np.flatnonzero((self.times < end) & (self.nexts > start))
+        picked = np.flatnonzero(self._meeting(start, end, end))
         if len(picked):
             owners = self._owner[picked]
             first = np.flatnonzero(np.concatenate(([True], owners[1:] != owners[:-1])))
@@ -93,6 +115,15 @@ class NodeArrays:
             holding = self.times[picked[first]] <= start
             at_start[owners[first[holding]]] = levels[first[holding]]
         return peak, at_start
+
+    def _meeting(self, start: float, end: float, before: float) -> npt.NDArray[np.bool_]:
+        """The slots whose segment begins before `before` and ends after `start`: [start, end) with before = end
+        (end > start), the instant t with start = end = t and before just after t."""
+        times = self.times
+        mask = np.zeros(len(times), dtype=bool)
+        if len(times) > 1:
+            np.logical_and(times[:-1] < before, times[1:] > start, out=mask[:-1])
+        return mask
 
     def _per_node(self, mask: npt.NDArray[np.bool_], op: np.ufunc) -> IntArray:
         """`op` over the segments in `mask`, per node (zero for a node with none: usage is never negative). Only
@@ -106,14 +137,10 @@ class NodeArrays:
         return out
 
 
-def _columns(line: Line) -> tuple[FloatArray, FloatArray, IntArray]:
+def _columns(line: Line) -> tuple[FloatArray, LevelArray]:
     times = np.array(line.times, dtype=np.float64)
-    nexts = np.empty_like(times)
-    if len(times):
-        nexts[:-1] = times[1:]
-        nexts[-1] = np.inf
-    levels = np.zeros((len(times), DIMS), dtype=np.int64)
+    levels = np.zeros((len(times), DIMS), dtype=LEVEL)
     for d in range(DIMS):
         if line.cols[d]:
             levels[:, d] = line.cols[d]
-    return times, nexts, levels
+    return times, levels
