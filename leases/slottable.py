@@ -17,9 +17,10 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
 from leases.slots.lines import (
     NEAR,
@@ -50,6 +51,16 @@ if TYPE_CHECKING:
 __all__ = ["Overcommit", "Res", "Reservation", "RoomCounts", "SlotTable"]
 
 
+class _Uses(NamedTuple):
+    """A node's reservations as columns, in (start, rid) order, kept until the node is next written."""
+
+    starts: npt.NDArray[np.float64]
+    ends: npt.NDArray[np.float64]
+    used: npt.NDArray[np.bool_]  # reservation x dimension: it holds some of it on this node
+    lease_ids: npt.NDArray[np.int64]
+    rows: list[Reservation]
+
+
 class SlotTable:
     """Reservations over time on a fixed set of nodes, never overcommitted at any instant."""
 
@@ -72,7 +83,7 @@ class SlotTable:
         self.watchers: list[set[int]] = []
         # Per node, its reservations as (start, end, use there, reservation) in (start, rid) order, built when
         # `blockers` first asks and dropped when the node is written to.
-        self._uses: dict[int, tuple] = {}
+        self._uses: dict[int, _Uses] = {}
         for cap in self._caps.values():
             self._total_cap = (
                 self._total_cap[0] + cap[0],
@@ -296,10 +307,27 @@ class SlotTable:
     def blockers(self, node: int, need: Res, start: float, end: float) -> list[Reservation]:
         """The reservations that keep `need` from fitting on [start, end), for messages such as
         "reserved 13:30-14:00 by lease 7"; empty when it fits. A need larger than the node blames no one."""
+        hit = self._blocking(node, need, start, end)
+        if hit is None:
+            return []
+        rows = self._uses_on(node, self._lines[node]).rows
+        return [rows[i] for i in np.flatnonzero(hit).tolist()]
+
+    def blocking_leases(self, node: int, need: Res, start: float, end: float) -> set[int]:
+        """The leases of `blockers(node, need, start, end)`, read from the node's kept columns (a report names
+        them for several nodes in every decision)."""
+        hit = self._blocking(node, need, start, end)
+        if hit is None:
+            return set()
+        return set(self._uses_on(node, self._lines[node]).lease_ids[hit].tolist())
+
+    def _blocking(self, node: int, need: Res, start: float, end: float) -> npt.NDArray[np.bool_] | None:
+        """Which of the node's reservations (`_uses_on` order) keep `need` from fitting on [start, end); None
+        when none does, or the need is larger than the node."""
         _check_interval(start, end)
         limit = room_limit(self._cap(node), need)
         if limit is None:
-            return []
+            return None
         lim, dims = limit
         line = self._line(node)
         # The short segments merged into runs (contiguous, short in the same dimensions): a node filled for the
@@ -314,13 +342,15 @@ class SlotTable:
             else:
                 runs.append([seg_start, seg_end, short])
         if not runs:
-            return []
+            return None
         # One pass in numpy columns over the node's reservations per run, not a `reservations` query (filter and
         # sort every reservation there) per segment: a bulk approval explains a hundred moves over the same few
         # full nodes, sixty reservations each, and this was most of explaining them. The columns are kept until
-        # the node is next written.
-        starts, ends, uses, rows = self._uses_on(node, line)
-        hit = np.zeros(len(rows), dtype=bool)
+        # the node is next written. (One set of operations over every run and reservation at once was slower
+        # still: twice the time, at a report's few runs and tens of reservations, measured.)
+        uses = self._uses_on(node, line)
+        starts, ends = uses.starts, uses.ends
+        hit = np.zeros(len(starts), dtype=bool)
         for run_start, run_end, short in runs:
             if run_start == run_end:  # an instant: the reservations running then
                 overlap = (starts <= run_start) & (ends > run_start)
@@ -328,18 +358,19 @@ class SlotTable:
                 overlap = ((starts < run_end) & (ends > run_start)) | (
                     (starts == ends) & (starts >= run_start) & (starts < run_end)
                 )
-            hit |= overlap & (uses[:, short] > 0).any(axis=1)
-        return [rows[i] for i in np.flatnonzero(hit).tolist()]
+            hit |= overlap & uses.used[:, short].any(axis=1)
+        return hit
 
-    def _uses_on(self, node: int, line: Line):
+    def _uses_on(self, node: int, line: Line) -> _Uses:
         got = self._uses.get(node)
         if got is None:
             by_rid = self._index.by_rid
             rows = sorted((by_rid[rid] for rid in line.rids), key=lambda r: (r.start, r.rid))
-            got = self._uses[node] = (
+            got = self._uses[node] = _Uses(
                 np.array([r.start for r in rows], dtype=float),
                 np.array([r.end for r in rows], dtype=float),
-                np.array([vec(r.alloc[node]) for r in rows], dtype=np.int64).reshape(len(rows), 5),
+                np.array([vec(r.alloc[node]) for r in rows], dtype=np.int64).reshape(len(rows), 5) > 0,
+                np.array([r.lease_id for r in rows], dtype=np.int64),
                 rows,
             )
         return got

@@ -196,7 +196,8 @@ class Explaining(EventLoop):
         blocking = blocking[np.lexsort((blocking, -shown_free[blocking]))][:BLOCKER_NODES]
         blockers: dict[int, tuple[int, ...]] = {}
         for i in blocking.tolist():
-            lids = {b.lease_id for b in table.blockers(node_ids[i], vm, start, end) if b.lease_id != req.id}
+            lids = table.blocking_leases(node_ids[i], vm, start, end)
+            lids.discard(req.id)
             if lids:
                 blockers[node_ids[i]] = tuple(sorted(lids))
 
