@@ -166,12 +166,13 @@ def _used(
 ) -> tuple[list[str], npt.NDArray[np.int64]]:
     """The entries of `table` that `index` uses (by name when `sort`, else in order of first use) and `index`
     renumbered into them; -1 stays -1."""
-    used, first = np.unique(index[index >= 0], return_index=True)
-    names = used.tolist()
-    order = (
-        sorted(range(len(names)), key=lambda k: table[names[k]]) if sort else np.argsort(first, kind="stable")
-    )
-    kept = used[order]
+    given = index[index >= 0]
+    if sort:  # counted, not sorted: a table holds a few dozen entries
+        names = np.flatnonzero(np.bincount(given, minlength=len(table))).tolist()
+        kept = np.array(sorted(names, key=table.__getitem__), dtype=np.int64)
+    else:
+        used, first = np.unique(given, return_index=True)
+        kept = used[np.argsort(first, kind="stable")]
     renumber = np.full(len(table) + 1, -1, dtype=np.int64)  # shifted by one, so -1 reads slot 0
     renumber[kept + 1] = np.arange(len(kept))
     return [table[i] for i in kept.tolist()], renumber[index + 1]
@@ -179,13 +180,12 @@ def _used(
 
 def _per_dim(dim: npt.NDArray[np.int64], need: npt.NDArray[np.int64]) -> dict[str, int] | None:
     """The same VM on every node: one figure per dimension instead of one per node, when they agree."""
-    out = {}
-    for d in np.unique(dim).tolist():
-        of_d = need[dim == d]
-        if of_d.min() != of_d.max():
-            return None
-        out[DIMENSIONS[d]] = int(of_d[0])
-    return out
+    figure = np.zeros(len(DIMENSIONS), dtype=np.int64)
+    figure[dim] = need  # some node's figure per dimension; every node's, when they agree
+    if not (figure[dim] == need).all():
+        return None
+    shown = np.flatnonzero(np.bincount(dim, minlength=len(DIMENSIONS))).tolist()
+    return {DIMENSIONS[d]: int(figure[d]) for d in shown}
 
 
 # Columns that may be stored packed: runs of one value (most nodes fit, or share a code, a dimension, no note,
@@ -197,26 +197,42 @@ _PACKED = ("node", "holds", "code", "dim", "note", "rank")
 def _runs(values: IntColumn) -> list[int] | dict[str, list[int]]:
     """`values` as {"runs": [value, count, ...]} when that is shorter, else as a list."""
     a = np.asarray(values)
-    if not len(a):
-        return []
-    starts = np.flatnonzero(np.concatenate(([True], a[1:] != a[:-1])))
-    if 2 * len(starts) >= len(a):
+    starts = _run_starts(a)
+    if starts is None:
         return a.tolist()
-    lengths = np.diff(np.append(starts, len(a)))
-    return {"runs": np.column_stack((a[starts], lengths)).ravel().tolist()}
+    return {"runs": _pairs(a[starts], starts, len(a))}
 
 
 def _steps(values: IntColumn) -> list[int] | dict[str, list[int]]:
     """Ascending ids as {"steps": [first, count, ...]}, one pair per run of consecutive ids, when shorter."""
     a = np.asarray(values)
-    if not len(a):
-        return []
-    offset = a - np.arange(len(a))  # constant along a run of consecutive ids
-    starts = np.flatnonzero(np.concatenate(([True], offset[1:] != offset[:-1])))
-    if 2 * len(starts) >= len(a):
+    starts = _run_starts(a - np.arange(len(a)))  # constant along a run of consecutive ids
+    if starts is None:
         return a.tolist()
-    lengths = np.diff(np.append(starts, len(a)))
-    return {"steps": np.column_stack((a[starts], lengths)).ravel().tolist()}
+    return {"steps": _pairs(a[starts], starts, len(a))}
+
+
+def _run_starts(a: npt.NDArray[np.int64]) -> npt.NDArray[np.intp] | None:
+    """Where each run of equal values in `a` starts, or None when storing runs would not be shorter. Few array
+    calls: a report packs six columns in every decision."""
+    if not len(a):
+        return None
+    changes = np.flatnonzero(a[1:] != a[:-1])
+    if 2 * (len(changes) + 1) >= len(a):
+        return None
+    starts = np.empty(len(changes) + 1, dtype=np.intp)
+    starts[0] = 0
+    np.add(changes, 1, out=starts[1:])
+    return starts
+
+
+def _pairs(firsts: npt.NDArray[np.int64], starts: npt.NDArray[np.intp], size: int) -> list[int]:
+    """[first value, run length, ...] for runs starting at `starts` in a column of `size`."""
+    out = np.empty(2 * len(starts), dtype=np.int64)
+    out[0::2] = firsts
+    out[1:-1:2] = starts[1:] - starts[:-1]
+    out[-1] = size - starts[-1]
+    return out.tolist()
 
 
 def _plain(values: IntColumn) -> list[int]:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import random
 from datetime import timedelta
 
 import numpy as np
@@ -248,3 +249,45 @@ def test_a_lease_the_queue_places_later_says_where_it_runs_instead_of_its_old_qu
     lease = Lease.objects.get(pk=queued)
     assert lease.state == "active"
     assert lease.message.startswith("placed by the queue: lease") and " on n" in lease.message
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_column_packers_agree_with_plain_python_on_random_columns(seed):
+    """_runs, _steps, _used and _per_dim against what they mean, written the slow way: columns of every length
+    from empty, one long run, alternating values, consecutive ids with gaps, codes used in any order."""
+    rng = random.Random(seed)
+    size = rng.choice([0, 1, 2, 3, 7, 50, 1000])
+    values = np.array([rng.choice([0, 0, 0, 1, 5, -1]) for _ in range(size)], dtype=np.int64)
+    if seed % 3 == 0:
+        values = np.sort(values)  # long runs
+    runs = reports._runs(values)
+    assert reports._unpacked(runs) == values.tolist()
+    starts = [i for i in range(size) if i == 0 or values[i] != values[i - 1]]
+    assert isinstance(runs, dict) == (0 < 2 * len(starts) < size)
+
+    ids, n = [], rng.randint(1, 40)
+    for _ in range(size):
+        n += 1 if rng.random() < 0.9 else rng.randint(2, 9)
+        ids.append(n)
+    steps = reports._steps(np.array(ids, dtype=np.int64))
+    assert reports._unpacked(steps) == ids
+
+    table = tuple(f"code-{c}" for c in rng.sample("qwertyuiopasdfgh", 8))
+    index = np.array([rng.choice([-1, -1, *range(len(table))]) for _ in range(size)], dtype=np.int64)
+    for sort in (True, False):
+        names, renumbered = reports._used(index, table, sort=sort)
+        seen = list(dict.fromkeys(table[i] for i in index.tolist() if i >= 0))
+        assert names == (sorted(seen) if sort else seen)
+        assert [names[i] if i >= 0 else None for i in renumbered.tolist()] == [
+            table[i] if i >= 0 else None for i in index.tolist()
+        ]
+
+    dim = np.array([rng.choice([0, 1, 2]) for _ in range(size)], dtype=np.int64)
+    figures = {0: rng.randint(1, 9), 1: rng.randint(10, 99), 2: rng.randint(100, 999)}
+    need = np.array([figures[d] for d in dim.tolist()], dtype=np.int64)
+    expected = {reports.DIMENSIONS[d]: figures[d] for d in sorted(set(dim.tolist()))}
+    assert reports._per_dim(dim, need) == expected
+    shared = [i for i in range(size) if (dim == dim[i]).sum() > 1]
+    if shared:
+        need[rng.choice(shared)] += 1  # one node's figure differs from another's: stored per node
+        assert reports._per_dim(dim, need) is None
