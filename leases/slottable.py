@@ -17,10 +17,8 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, NamedTuple
-
-import numpy as np
-import numpy.typing as npt
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from leases.slots.lines import (
     NEAR,
@@ -51,14 +49,15 @@ if TYPE_CHECKING:
 __all__ = ["Overcommit", "Res", "Reservation", "RoomCounts", "SlotTable"]
 
 
-class _Uses(NamedTuple):
-    """A node's reservations as columns, in (start, rid) order, kept until the node is next written."""
+@dataclass(frozen=True, slots=True)
+class _Use:
+    """One of a node's reservations as `blockers` reads it, kept until the node is next written."""
 
-    starts: npt.NDArray[np.float64]
-    ends: npt.NDArray[np.float64]
-    used: npt.NDArray[np.bool_]  # reservation x dimension: it holds some of it on this node
-    lease_ids: npt.NDArray[np.int64]
-    rows: list[Reservation]
+    start: float
+    end: float
+    used: tuple[bool, ...]  # per dimension: it holds some of it on this node
+    lease_id: int
+    row: Reservation
 
 
 class SlotTable:
@@ -83,7 +82,7 @@ class SlotTable:
         self.watchers: list[set[int]] = []
         # Per node, its reservations as (start, end, use there, reservation) in (start, rid) order, built when
         # `blockers` first asks and dropped when the node is written to.
-        self._uses: dict[int, _Uses] = {}
+        self._uses: dict[int, list[_Use]] = {}
         for cap in self._caps.values():
             self._total_cap = (
                 self._total_cap[0] + cap[0],
@@ -307,27 +306,21 @@ class SlotTable:
     def blockers(self, node: int, need: Res, start: float, end: float) -> list[Reservation]:
         """The reservations that keep `need` from fitting on [start, end), for messages such as
         "reserved 13:30-14:00 by lease 7"; empty when it fits. A need larger than the node blames no one."""
-        hit = self._blocking(node, need, start, end)
-        if hit is None:
-            return []
-        rows = self._uses_on(node, self._lines[node]).rows
-        return [rows[i] for i in np.flatnonzero(hit).tolist()]
+        return [use.row for use in self._blocking(node, need, start, end)]
 
     def blocking_leases(self, node: int, need: Res, start: float, end: float) -> set[int]:
-        """The leases of `blockers(node, need, start, end)`, read from the node's kept columns (a report names
-        them for several nodes in every decision)."""
-        hit = self._blocking(node, need, start, end)
-        if hit is None:
-            return set()
-        return set(self._uses_on(node, self._lines[node]).lease_ids[hit].tolist())
+        """The leases of `blockers(node, need, start, end)` (a report names them for several nodes in every
+        decision)."""
+        return {use.lease_id for use in self._blocking(node, need, start, end)}
 
-    def _blocking(self, node: int, need: Res, start: float, end: float) -> npt.NDArray[np.bool_] | None:
-        """Which of the node's reservations (`_uses_on` order) keep `need` from fitting on [start, end); None
-        when none does, or the need is larger than the node."""
+    def _blocking(self, node: int, need: Res, start: float, end: float) -> list[_Use]:
+        """The node's reservations (in `_uses_on` order) that keep `need` from fitting on [start, end): those
+        overlapping a segment of the window whose level leaves no room in a dimension they use; none when the
+        need is larger than the node."""
         _check_interval(start, end)
         limit = room_limit(self._cap(node), need)
         if limit is None:
-            return None
+            return []
         lim, dims = limit
         line = self._line(node)
         # The short segments merged into runs (contiguous, short in the same dimensions): a node filled for the
@@ -342,37 +335,32 @@ class SlotTable:
             else:
                 runs.append([seg_start, seg_end, short])
         if not runs:
-            return None
-        # One pass in numpy columns over the node's reservations per run, not a `reservations` query (filter and
-        # sort every reservation there) per segment: a bulk approval explains a hundred moves over the same few
-        # full nodes, sixty reservations each, and this was most of explaining them. The columns are kept until
-        # the node is next written. (One set of operations over every run and reservation at once was slower
-        # still: twice the time, at a report's few runs and tens of reservations, measured.)
-        uses = self._uses_on(node, line)
-        starts, ends = uses.starts, uses.ends
-        hit = np.zeros(len(starts), dtype=bool)
-        for run_start, run_end, short in runs:
-            if run_start == run_end:  # an instant: the reservations running then
-                overlap = (starts <= run_start) & (ends > run_start)
-            else:
-                overlap = ((starts < run_end) & (ends > run_start)) | (
-                    (starts == ends) & (starts >= run_start) & (starts < run_end)
-                )
-            hit |= overlap & uses.used[:, short].any(axis=1)
-        return hit
+            return []
+        # A plain loop over the node's kept reservations: a node holds tens of them, and at that size numpy's
+        # per-call cost was twice this loop's (and a set of array operations over every run and reservation at
+        # once, four times), measured on a report's eight nodes.
+        hits = []
+        for use in self._uses_on(node, line):
+            for run_start, run_end, short in runs:
+                if run_start == run_end:  # an instant: the reservations running then
+                    meets = use.start <= run_start < use.end
+                else:
+                    meets = (use.start < run_end and use.end > run_start) or (
+                        use.start == use.end and run_start <= use.start < run_end
+                    )
+                if meets and any(use.used[d] for d in short):
+                    hits.append(use)
+                    break
+        return hits
 
-    def _uses_on(self, node: int, line: Line) -> _Uses:
+    def _uses_on(self, node: int, line: Line) -> list[_Use]:
         got = self._uses.get(node)
         if got is None:
             by_rid = self._index.by_rid
             rows = sorted((by_rid[rid] for rid in line.rids), key=lambda r: (r.start, r.rid))
-            got = self._uses[node] = _Uses(
-                np.array([r.start for r in rows], dtype=float),
-                np.array([r.end for r in rows], dtype=float),
-                np.array([vec(r.alloc[node]) for r in rows], dtype=np.int64).reshape(len(rows), 5) > 0,
-                np.array([r.lease_id for r in rows], dtype=np.int64),
-                rows,
-            )
+            got = self._uses[node] = [
+                _Use(r.start, r.end, tuple(x > 0 for x in vec(r.alloc[node])), r.lease_id, r) for r in rows
+            ]
         return got
 
     def envelope(self, node: int, start: float) -> list[tuple[Res, float]]:
