@@ -55,7 +55,7 @@ class _Use:
 
     start: float
     end: float
-    used: tuple[bool, ...]  # per dimension: it holds some of it on this node
+    used: int  # the dimensions it holds some of on this node, as bits (1 << dimension)
     lease_id: int
     row: Reservation
 
@@ -327,7 +327,10 @@ class SlotTable:
         # whole window is one run however many reservations end inside it.
         runs: list[list] = []
         for seg_start, seg_end, level in line.segments(start, end):
-            short = [d for d in dims if level[d] > lim[d]]
+            short = 0  # the dimensions short here, as bits
+            for d in dims:
+                if level[d] > lim[d]:
+                    short |= 1 << d
             if not short:
                 continue
             if runs and runs[-1][1] == seg_start and runs[-1][2] == short and seg_start < seg_end:
@@ -348,7 +351,7 @@ class SlotTable:
                     meets = (use.start < run_end and use.end > run_start) or (
                         use.start == use.end and run_start <= use.start < run_end
                     )
-                if meets and any(use.used[d] for d in short):
+                if meets and use.used & short:
                     hits.append(use)
                     break
         return hits
@@ -359,7 +362,14 @@ class SlotTable:
             by_rid = self._index.by_rid
             rows = sorted((by_rid[rid] for rid in line.rids), key=lambda r: (r.start, r.rid))
             got = self._uses[node] = [
-                _Use(r.start, r.end, tuple(x > 0 for x in vec(r.alloc[node])), r.lease_id, r) for r in rows
+                _Use(
+                    r.start,
+                    r.end,
+                    sum(1 << d for d, x in enumerate(vec(r.alloc[node])) if x > 0),
+                    r.lease_id,
+                    r,
+                )
+                for r in rows
             ]
         return got
 
