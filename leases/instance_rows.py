@@ -18,6 +18,7 @@ from django.db.models import Max
 from leases.lifecycle import LIVE_INSTANCE_STATES, InstanceState, LeaseState, can_instance, instance_id
 from leases.models import Instance, InstanceEvent
 from slotkeeper import events
+from slotkeeper.bulk import insert_many
 
 log = logging.getLogger(__name__)
 _I = InstanceState
@@ -140,10 +141,10 @@ def sync_many(
         placed_instance(lease_id, vnode, top.get((lease_id, vnode), -1) + 1, node_id, now)
         for lease_id, vnode, node_id in fresh
     ]
-    created = Instance.objects.bulk_create([inst for inst, _ in pairs])
+    created = insert_many([inst for inst, _ in pairs])
     for inst, (_, first) in zip(created, pairs, strict=True):
         first.instance = inst
-    InstanceEvent.objects.bulk_create([first for _, first in pairs])
+    insert_many([first for _, first in pairs])
     for inst in created:
         events.send_on_commit("instance-changed", instance=inst.iid, lease=inst.lease_id)
 

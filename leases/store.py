@@ -875,7 +875,7 @@ def _write_states(changes: list[Change]) -> None:
             )
         )
         current[change.lease_id] = str(change.state)
-    LeaseEvent.objects.bulk_create(history)
+    insert_many(history)
     update_many([Lease(pk=pk, state=state) for pk, state in current.items()], ["state"])
 
 
@@ -893,7 +893,7 @@ def _reservation_fields(r: ReservationRecord) -> dict:
 
 def _write_reservations(sched: Scheduler, latest: dict[int, ReservationRecord]) -> None:
     existing = {row.rid: row for row in Reservation.objects.filter(rid__in=latest)}
-    created = Reservation.objects.bulk_create(
+    created = insert_many(
         [Reservation(rid=rid, **_reservation_fields(r)) for rid, r in latest.items() if rid not in existing]
     )
     changed = []
@@ -925,7 +925,7 @@ def _write_reservations(sched: Scheduler, latest: dict[int, ReservationRecord]) 
     if stale:
         update_many(stale, ["start", "end", "live"])
     if fresh:
-        Allocation.objects.bulk_create(fresh)
+        insert_many(fresh)
 
 
 def _allocations(sched: Scheduler, r: ReservationRecord, row: Reservation) -> list[Allocation]:
