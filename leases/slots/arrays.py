@@ -23,7 +23,7 @@ from leases.slots.values import Vec
 DIMS = 3
 # Spare slots per node: a decision adds or removes a few breakpoints on a node (two per reservation); a node
 # holding n breakpoints gets SPARE_SLOTS + n // SPARE_SHARE spare ones, so a busy node's line can grow for a
-# while before every column is laid out again.
+# while before more slots are spliced in after it (NodeArrays._grow).
 SPARE_SLOTS = 2  # at least 1: a node's last segment ends at the spare slot's time, inf
 SPARE_SHARE = 16
 
