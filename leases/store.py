@@ -305,9 +305,24 @@ def observed_extra(
     columns[rows, 1] = mem
     columns[rows, 2] = disk
     out = {
-        n.id: Res(mem=m, disk=d) for n, m, d in zip(seen, mem.tolist(), disk.tolist(), strict=True) if m or d
+        n.id: _extra_res(m, d) for n, m, d in zip(seen, mem.tolist(), disk.tolist(), strict=True) if m or d
     }
     return out, columns
+
+
+# One Res per distinct (memory, disk) figure: a node whose figures did not move since the last pass gets the very
+# object it had, so Scheduler.observe finds the figures unchanged by identity (a dataclass __eq__ per node
+# otherwise), and a pass builds no Res for it. Bounded: cleared when it grows past a fleet's worth many times over.
+_extra_memo: dict[tuple[int, int], Res] = {}
+
+
+def _extra_res(mem: int, disk: int) -> Res:
+    got = _extra_memo.get((mem, disk))
+    if got is None:
+        if len(_extra_memo) >= 1 << 16:
+            _extra_memo.clear()
+        got = _extra_memo[(mem, disk)] = Res(mem=mem, disk=disk)
+    return got
 
 
 def excluded_nodes(nodes: list[capacity.NodeState]) -> dict[int, str]:
