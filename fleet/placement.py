@@ -14,9 +14,10 @@ from datetime import datetime
 from django.conf import settings
 from django.db import connections, router
 from django.db.models import FloatField, Func, TextField
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Cast
 
-from fleet import capacity, reports
+from fleet import capacity, known_rows, reports
 from fleet.models import Node, PlacementReport
 
 # Commitments per node id: (running claims, pending claims). Fleet does not know what runs on its nodes; the
@@ -96,18 +97,45 @@ def _fleet_query():
     )  # fmt: skip
 
 
-# The fleet read's SQL per database alias: the same statement every pass.
-_fleet_sql: dict[str, tuple[str, tuple]] = {}
+def _versioned(query):
+    """`query` with each row's version (PostgreSQL's xmin, as text) as its last column. The table's name is the
+    model's own, no input."""
+    xmin = RawSQL(f'"{Node._meta.db_table}"."xmin"::text', ())  # noqa: S611
+    return query.annotate(row_xmin=xmin).values_list(*query._fields, "row_xmin")
+
+
+# The fleet read's statements per database alias: the same ones every pass.
+_fleet_sql: dict[tuple[str, str], tuple[str, tuple]] = {}
+
+
+def _statement(alias: str, name: str, build) -> tuple[str, tuple]:
+    got = _fleet_sql.get((alias, name))
+    if got is None:
+        got = _fleet_sql[(alias, name)] = build().query.sql_with_params()
+    return got
 
 
 def _fleet_rows() -> list[tuple]:
     """The rows of `_fleet_query` as the database gives them. Its one converter (EpochSeconds' float) is applied
-    by the caller; every other column needs none."""
+    by the caller; every other column needs none. On PostgreSQL only the rows changed since this process last
+    read them are fetched (fleet/known_rows.py)."""
     alias = router.db_for_read(Node)
-    sql = _fleet_sql.get(alias)
-    if sql is None:
-        sql = _fleet_sql[alias] = _fleet_query().query.sql_with_params()
-    with connections[alias].cursor() as cursor:
+    connection = connections[alias]
+    if connection.vendor == "postgresql":
+        table = connection.ops.quote_name(Node._meta.db_table)
+        versions = (
+            f"SELECT id, xmin::text, pg_current_xact_id_if_assigned() IS NOT NULL FROM {table} ORDER BY id",  # noqa: S608
+            (),
+        )
+        every = _statement(alias, "every", lambda: _versioned(_fleet_query()))
+        return known_rows.read(
+            connection,
+            versions,
+            every,
+            lambda ids: _versioned(_fleet_query().filter(pk__in=ids)).query.sql_with_params(),
+        )
+    sql = _statement(alias, "all", _fleet_query)
+    with connection.cursor() as cursor:
         cursor.execute(*sql)
         return cursor.fetchall()
 
