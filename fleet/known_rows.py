@@ -4,9 +4,9 @@ few dozen. A row version is known by its `xmin` (the transaction that wrote it):
 row's id and xmin, a second fetches the rows whose xmin this process has not seen.
 
 The answer is always what a full read would give:
-- inside a transaction that has written anything (a planning pass, which locks the scheduler's row, or a caller's
-  own changes), a row it wrote more than once keeps one xmin while its contents change, so such a read fetches
-  every row and remembers none of them;
+- only reads in autocommit ask it (fleet/placement.py): inside a transaction that has written (a planning pass,
+  which locks the scheduler's row, or a caller's own changes) a row it wrote more than once keeps one xmin while
+  its contents change; were such a read to come here all the same, it fetches every row and remembers none;
 - a row deleted is gone from the list of versions, a row added is new to it;
 - at least every FULL_EVERY_S a read fetches every row, whatever the versions say (transaction ids wrap around
   after 2^32, and start again in a restored cluster).
@@ -64,15 +64,22 @@ def read(
         cursor.execute(*versions)
         listed = cursor.fetchall()
         written = bool(listed) and bool(listed[0][2])
-        if written or known is None or known.key != key or time.monotonic() - known.since >= FULL_EVERY_S:
+        current = (
+            not written
+            and known is not None
+            and known.key == key
+            and time.monotonic() - known.since < FULL_EVERY_S
+        )
+        old = known.rows if current and known is not None else {}
+        changed = {node for node, xmin, _ in listed if (old.get(node) or ("",))[0] != xmin}
+        # Most rows changed (a fleet heartbeating faster than it is read): one plain statement beats a list of ids.
+        if not current or 2 * len(changed) > len(listed):
             cursor.execute(*every)
             got = cursor.fetchall()
             stats.full += 1
             if not written:
                 _known = _Known(key, time.monotonic(), {row[0]: (row[-1], row[:-1]) for row in got})
             return [row[:-1] for row in got]
-        old = known.rows
-        changed = {node for node, xmin, _ in listed if (old.get(node) or ("",))[0] != xmin}
         stats.partial += 1
         if not changed and len(listed) == len(old):
             return [old[node][1] for node, _, _ in listed]
@@ -87,5 +94,5 @@ def read(
         got = fresh.get(node) if node in changed else old.get(node)
         if got is not None:
             rows[node] = got
-    _known = _Known(key, known.since, rows)
+    _known = _Known(key, known.since if known is not None else time.monotonic(), rows)
     return [row for _, row in rows.values()]

@@ -117,27 +117,34 @@ def _statement(alias: str, name: str, build) -> tuple[str, tuple]:
 
 def _fleet_rows() -> list[tuple]:
     """The rows of `_fleet_query` as the database gives them. Its one converter (EpochSeconds' float) is applied
-    by the caller; every other column needs none. On PostgreSQL only the rows changed since this process last
-    read them are fetched (fleet/known_rows.py)."""
+    by the caller; every other column needs none. On PostgreSQL, outside a transaction, only the rows changed
+    since this process last read them are fetched (fleet/known_rows.py)."""
     alias = router.db_for_read(Node)
     connection = connections[alias]
-    if connection.vendor == "postgresql":
-        table = connection.ops.quote_name(Node._meta.db_table)
-        versions = (
-            f"SELECT id, xmin::text, pg_current_xact_id_if_assigned() IS NOT NULL FROM {table} ORDER BY id",  # noqa: S608
-            (),
-        )
-        every = _statement(alias, "every", lambda: _versioned(_fleet_query()))
-        return known_rows.read(
-            connection,
-            versions,
-            every,
-            lambda ids: _versioned(_fleet_query().filter(pk__in=ids)).query.sql_with_params(),
-        )
+    # Only in autocommit (a preview's read): a pass reads inside its transaction, where the plain statement is
+    # the right one (fleet/known_rows.py says why) and a list of versions first would only cost it a statement.
+    if connection.vendor == "postgresql" and connection.get_autocommit() and not connection.in_atomic_block:
+        return _changed_rows(connection)
     sql = _statement(alias, "all", _fleet_query)
     with connection.cursor() as cursor:
         cursor.execute(*sql)
         return cursor.fetchall()
+
+
+def _changed_rows(connection) -> list[tuple]:
+    """The fleet's rows through fleet/known_rows.py: only those changed since this process last read them."""
+    table = connection.ops.quote_name(Node._meta.db_table)
+    versions = (
+        f"SELECT id, xmin::text, pg_current_xact_id_if_assigned() IS NOT NULL FROM {table} ORDER BY id",  # noqa: S608
+        (),
+    )
+    every = _statement(connection.alias, "every", lambda: _versioned(_fleet_query()))
+    return known_rows.read(
+        connection,
+        versions,
+        every,
+        lambda ids: _versioned(_fleet_query().filter(pk__in=ids)).query.sql_with_params(),
+    )
 
 
 class EpochSeconds(Func):

@@ -8,7 +8,6 @@ from datetime import timedelta
 from unittest.mock import patch
 
 import pytest
-from django.db import connection
 from django.db.models.sql.compiler import SQLCompiler
 from django.utils import timezone
 
@@ -63,10 +62,8 @@ def test_a_node_state_read_in_bulk_has_every_field_and_compares_equal_to_one_bui
 def test_the_fleet_read_compiles_its_statement_once_and_reads_rows_as_the_query_gives_them(
     django_assert_num_queries,
 ):
-    """The pass's fleet read runs precompiled statements (compiling them and Django's row iterator were a fifth
-    of the read at 1,000 nodes): one on SQLite; on PostgreSQL, inside the test's transaction, which has written,
-    the list of row versions and then every row (fleet/known_rows.py). Its rows are the queryset's, value for
-    value and type for type."""
+    """The pass's fleet read runs one precompiled statement (compiling it and Django's row iterator were a fifth
+    of the read at 1,000 nodes); its rows are the queryset's, value for value and type for type."""
     now = timezone.now()
     Node.objects.create(
         name="gpu-01", token_digest="t1", cpu_cores=32, mem_total_mib=131072, disk_total_gib=2000,
@@ -77,7 +74,7 @@ def test_the_fleet_read_compiles_its_statement_once_and_reads_rows_as_the_query_
     placement.states_from_rows(now)
     with (
         patch.object(SQLCompiler, "as_sql", side_effect=AssertionError("compiled again")),
-        django_assert_num_queries(2 if connection.vendor == "postgresql" else 1),
+        django_assert_num_queries(1),
     ):
         states = placement.states_from_rows(now)
     assert [s.name for s in states] == ["gpu-01", "silent"]
