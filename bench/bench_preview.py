@@ -9,8 +9,9 @@ neighbours' noise falls on all of them alike:
 
 - dry run (baseline): the scheduler's `propose` alone, the pure part (CPU inside a planning pass);
 - empty planning pass: the plan lock, the fleet read, the cached scheduler caught up, the commit;
-- do_preview (action): the whole preview below the API (`leases.actions.do_preview`): the pass, the dry run,
-  every node's verdict, the report saved and audited, its rows decoded for the answer;
+- do_preview (action): the whole preview below the API (`leases.actions.do_preview`): the read of the scheduler
+  the last pass committed (`store.consulting`; a pass when that is not current), the dry run, every node's
+  verdict, the report saved and audited, its rows decoded for the answer;
 - render the response: the answer's JSON, as DRF renders it;
 - whole request: the POST through DRF's APIClient as an operator.
 
@@ -155,8 +156,10 @@ def keep_fresh() -> None:
 
 class Parts:
     """The things timed; each call does one preview's worth of that part. The preview asks the scheduler exactly
-    as a submission is asked (leases/actions.py `do_preview`): a planning pass (the plan lock, the fleet read, the
-    cached scheduler caught up), a dry run of the mapper, every node's verdict, the report saved and audited."""
+    as a submission is asked (leases/actions.py `do_preview`): a read of the scheduler the last pass committed
+    (the fleet read, the now-gate's figures; a planning pass instead when that scheduler is not current), a dry
+    run of the mapper, every node's verdict, the report saved and audited. The two passes timed each round keep
+    the read path honest: each bumps the version, and the preview after it must find its scheduler current."""
 
     def __init__(self, client, user) -> None:
         from leases import actions
@@ -196,7 +199,8 @@ class Parts:
             pass
 
     def action(self) -> None:
-        """`do_preview`: the pass, the dry run, the verdicts, the report saved and audited, its rows decoded."""
+        """`do_preview`: the read (or pass), the dry run, the verdicts, the report saved and audited, its rows
+        decoded."""
         from leases import actions
 
         self.body, self.report = actions.do_preview(self.user, self.data, now=_now())

@@ -263,58 +263,76 @@ def decode(
     stored: Any, names: Mapping[int, str], when: Callable[[float], str] = lambda t: _iso(t)
 ) -> list[dict[str, Any]]:
     """One dict per node in rank order (chosen first, then fit by rank, then the rest by name). A list stored
-    before reports were compact is returned as it is."""
+    before reports were compact is returned as it is.
+
+    Column by column rather than field by field per node, and each distinct sentence written once: most of a
+    fleet's refusals repeat a few (code, figures) pairs, and a 1,000-node report is decoded on every preview."""
     if not is_compact(stored):
         return list(stored or ())
     b = {k: _unpacked(v) if k in _PACKED else v for k, v in stored.items()}
     start, end = b["start"], b["end"]
     window = (when(start), when(end)) if start is not None and end is not None else (None, None)
+    nodes: list[int] = b["node"]
+    n = len(nodes)
     chosen = set(b["chosen"])
+    dims = [DIMENSIONS[d] for d in b["dim"]]
     need = b["need"]
-    headroom = b.get("headroom")
+    wanted = [need[d] for d in dims] if isinstance(need, dict) else need
+    codes = b["codes"]
+    code = [codes[c] if c >= 0 else None for c in b["code"]]
+    free, alloc = b["free"], b["alloc"]
+    blockers = b["blockers"]
+    headroom = b.get("headroom") or [None] * n
+    # An exclusion's own sentence: an index into `texts`, or (reports stored before that) by node id in `notes`.
+    by_node = b.get("notes", {})
+    index = b["note"] if "note" in b else [-1] * n
+    texts = b.get("texts", ())
+    notes = [
+        texts[k] if k >= 0 else by_node.get(str(node)) if by_node else None
+        for k, node in zip(index, nodes, strict=True)
+    ]
+    said: dict[tuple, str] = {}
     rows = []
-    for i, node in enumerate(b["node"]):
-        dim = DIMENSIONS[b["dim"][i]]
-        wanted = need[dim] if isinstance(need, dict) else need[i]
-        code = b["codes"][b["code"][i]] if b["code"][i] >= 0 else None
-        holds = b["holds"][i]
-        blockers = b["blockers"].get(str(node), [])
-        numbers = {
-            "dimension": dim,
-            "need": _user(dim, wanted),
-            "free": _user(dim, b["free"][i]),
-            "allocatable": _user(dim, b["alloc"][i]) if b["alloc"][i] >= 0 else None,
-            "window_start": window[0],
-            "window_end": window[1],
-        }
-        note = (
-            b["texts"][b["note"][i]]
-            if "note" in b and b["note"][i] >= 0
-            else b.get("notes", {}).get(str(node))
-        )
+    for node, dim, want, c, held, fr, al, rank, note, room in zip(
+        nodes, dims, wanted, code, b["holds"], free, alloc, b["rank"], notes, headroom, strict=True
+    ):
+        blocked = blockers.get(str(node), []) if blockers else []
+        reason = note
+        if not reason and c:
+            key = (c, dim, want, fr, al, *blocked)
+            reason = said.get(key)
+            if reason is None:
+                reason = said[key] = sentence(c, dim, want, fr, al, blocked, window)
+        cpu = dim == "cpu"
         rows.append(
             {
-                "node": names.get(node, f"node {node}"),
+                "node": name if (name := names.get(node)) is not None else f"node {node}",
                 "node_id": node,
-                "fit": holds > 0,
-                "holds": holds,
-                "slots": holds,
-                "reason_code": code,
-                "reason": note
-                or (
-                    sentence(code, dim, wanted, b["free"][i], b["alloc"][i], blockers, window)
-                    if code
-                    else None
-                ),
-                "rank": b["rank"][i] or None,
+                "fit": held > 0,
+                "holds": held,
+                "slots": held,
+                "reason_code": c,
+                "reason": reason or None,
+                "rank": rank or None,
                 "chosen": node in chosen,
-                "headroom": headroom[i] if headroom else None,
-                "blockers": blockers,
-                "numbers": numbers,
+                "headroom": room,
+                "blockers": blocked,
+                "numbers": {
+                    "dimension": dim,
+                    "need": round(want / 100, 2) if cpu else want,
+                    "free": round(fr / 100, 2) if cpu else fr,
+                    "allocatable": (round(al / 100, 2) if cpu else al) if al >= 0 else None,
+                    "window_start": window[0],
+                    "window_end": window[1],
+                },
             }
         )
-    rows.sort(key=lambda r: (not r["chosen"], not r["fit"], r["rank"] or 1 << 30, r["node"]))
+    rows.sort(key=_rank_order)
     return rows
+
+
+def _rank_order(row: dict[str, Any]) -> tuple:
+    return (not row["chosen"], not row["fit"], row["rank"] or 1 << 30, row["node"])
 
 
 def sentence(

@@ -123,9 +123,13 @@ PREVIEW_ID = -1
 def do_preview(actor, data: dict, *, now: datetime) -> tuple[dict, PlacementReport]:
     """ "Would this fit now, and where?": `count` VMs of the given size with the given capabilities, from now for
     `duration_s`, asked of the scheduler exactly as a submission is (the same verdicts as that lease's report
-    would give), kept as a report and audited; nothing is placed. Outcomes as the placer names them."""
+    would give), kept as a report and audited; nothing is placed. Outcomes as the placer names them.
+
+    A read: asked of the scheduler the last pass committed when it is current (store.consulting), so a preview
+    takes no plan lock and bumps no version; the report and its audit row are written after, in a transaction
+    of their own."""
     size = vnodes.as_res({k: data[k] for k in ("cpu_cores", "mem_mib", "disk_gib")})
-    with store.planning(now) as plan:
+    with store.consulting(now) as plan:
         others = [n.id for n in plan.nodes if n.name != data.get("preferred_node")]
         preferred = data.get("preferred_node") and len(others) < len(plan.nodes)
         probe = LeaseRequest(
@@ -141,21 +145,19 @@ def do_preview(actor, data: dict, *, now: datetime) -> tuple[dict, PlacementRepo
         )
         start, end = plan.t, plan.t + probe.duration
         picked = plan.scheduler.propose(probe, start, end, plan.excluded)
-        names = {n.id: n.name for n in plan.nodes}
+        names = plan.names
         report = store.report_row(
             plan, probe, start, end, outcome="", message="", subject="preview",
             requested_by=actor_label(actor), proposed=picked,
         )  # fmt: skip
-        report.outcome = _preview_outcome(picked, report.counts)
-        report.message = (
-            f"would run now on {', '.join(names[n] for n in picked)}" if picked else report.summary
-        )
-        note = ""
-        if preferred and picked and names[picked[0]] != data["preferred_node"]:
-            note = f"the preferred node {data['preferred_node']} cannot take it now; see its verdict"
-        report.preferred_note = note
+    report.outcome = _preview_outcome(picked, report.counts)
+    report.message = f"would run now on {', '.join(names[n] for n in picked)}" if picked else report.summary
+    note = ""
+    if preferred and picked and names[picked[0]] != data["preferred_node"]:
+        note = f"the preferred node {data['preferred_node']} cannot take it now; see its verdict"
+    report.preferred_note = note
+    with transaction.atomic():
         report.save()
-        report.use_names(plan.names)
         audit.record(
             at=now,
             actor=actor,
@@ -163,6 +165,7 @@ def do_preview(actor, data: dict, *, now: datetime) -> tuple[dict, PlacementRepo
             target=report,
             details={"outcome": report.outcome},
         )
+    report.use_names(names)
     metrics.inc("slotkeeper_placements_total", kind="preview", outcome=report.outcome)
     body = {
         "outcome": report.outcome,

@@ -27,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 from django.conf import settings
 from django.db import OperationalError, transaction
+from django.db.models import Exists
 
 from fleet import affinity, capacity, reports
 from fleet.models import PlacementReport
@@ -172,6 +173,11 @@ class _Cache:
 
 
 _cache = _Cache()
+# Held by a read (`consulting`) for as long as it asks the cached scheduler, and by a pass while it takes that
+# scheduler out of the cache: a pass never changes the object a read is still asking, and a read never asks one a
+# pass has taken. Never held while waiting for the database's locks (a read only SELECTs under it), so it cannot
+# deadlock with the plan lock; each wait for it is bounded all the same.
+_cache_lock = threading.Lock()
 
 # How far a cached scheduler may be behind and still catch up; further, or with the versions it missed pruned,
 # it reloads. Catching up re-reads the touched leases one version after another's union: past a few hundred
@@ -298,9 +304,24 @@ def observed_extra(
     columns[rows, 1] = mem
     columns[rows, 2] = disk
     out = {
-        n.id: Res(mem=m, disk=d) for n, m, d in zip(seen, mem.tolist(), disk.tolist(), strict=True) if m or d
+        n.id: _extra_res(m, d) for n, m, d in zip(seen, mem.tolist(), disk.tolist(), strict=True) if m or d
     }
     return out, columns
+
+
+# One Res per distinct (memory, disk) figure: a node whose figures did not move since the last pass gets the very
+# object it had, so Scheduler.observe finds the figures unchanged by identity (a dataclass __eq__ per node
+# otherwise), and a pass builds no Res for it. Bounded: cleared when it grows past a fleet's worth many times over.
+_extra_memo: dict[tuple[int, int], Res] = {}
+
+
+def _extra_res(mem: int, disk: int) -> Res:
+    got = _extra_memo.get((mem, disk))
+    if got is None:
+        if len(_extra_memo) >= 1 << 16:
+            _extra_memo.clear()
+        got = _extra_memo[(mem, disk)] = Res(mem=mem, disk=disk)
+    return got
 
 
 def excluded_nodes(nodes: list[capacity.NodeState]) -> dict[int, str]:
@@ -377,8 +398,7 @@ def _planning(now: datetime, *, try_lock: bool = False) -> Iterator[Planning]:
         state, _ = SchedulerState.objects.select_for_update().get_or_create(pk=1)
         nodes = states_from_rows(now)
         fingerprint = fleet_fingerprint(nodes)
-        cached: _Cached | None = getattr(_cache, "value", None)
-        _cache.value = None  # until this transaction commits, nothing in memory can be trusted
+        cached = _take_cached()
         sched = _current_scheduler(cached, state, nodes, fingerprint)
         plan = Planning(scheduler=sched, now=now, excluded=excluded_nodes(nodes), nodes=nodes)
         _prepare(sched, plan)
@@ -442,6 +462,95 @@ class PassStats:
 
 
 pass_stats = PassStats()
+
+
+def _take_cached() -> _Cached | None:
+    """The cached scheduler, taken out of the cache for a pass (until the pass commits, nothing in memory can be
+    trusted). Waits for a read that is asking it; past the plan lock's timeout the pass loads its own instead."""
+    if not _cache_lock.acquire(timeout=planlock.timeout_s()):
+        log.warning("a read held the cached scheduler past the plan lock's timeout; the pass loads its own")
+        return None
+    try:
+        cached, _cache.value = _cache.value, None
+        return cached
+    finally:
+        _cache_lock.release()
+
+
+@contextmanager
+def consulting(now: datetime) -> Iterator[Planning]:
+    """A Planning to ask, not to change (a preview): the scheduler as the last committed pass left it, without the
+    plan lock, a version, or a journal written, when this process holds it current (the database's version, the
+    same fleet, no lease request waiting); otherwise a planning pass, which brings it up to date, plans whatever
+    waits, and commits as every pass does. Either way the caller sees exactly what a pass at `now` would plan on,
+    and never a pass half-written: a pass takes the scheduler out of the cache before it changes it, and puts it
+    back only when it has committed.
+
+    The caller must only ask (`propose`, `explain`) and must not write to the database inside: on the read path
+    it holds the cache's lock, which every pass in this process waits for."""
+    plan = _read_plan(now)
+    if plan is None:
+        metrics.inc("slotkeeper_scheduler_reads_total", how="pass")
+        with planning(now) as plan:
+            yield plan
+        return
+    try:
+        yield plan
+    except BaseException:
+        _forget(plan.scheduler)  # a failed question may have left the object half-way through something
+        raise
+    else:
+        if plan.scheduler.unwritten:
+            # Asking changed what a pass would have to write: no read may do that. The next pass reloads.
+            log.error("a read changed the cached scheduler; dropped")
+            _forget(plan.scheduler)
+    finally:
+        _cache_lock.release()
+    metrics.inc("slotkeeper_scheduler_reads_total", how="read")
+
+
+def _read_plan(now: datetime) -> Planning | None:
+    """The read path of `consulting`: a Planning on the cached scheduler, with the cache's lock held (the caller
+    releases it), or None, with the lock released, when only a pass can give a current one."""
+    if not _cache_lock.acquire(timeout=planlock.timeout_s()):
+        return None
+    plan = None
+    try:
+        plan = _current_read(now)
+    finally:
+        if plan is None:
+            _cache_lock.release()
+    return plan
+
+
+def _current_read(now: datetime) -> Planning | None:
+    """A Planning on the cached scheduler if a pass at `now` would keep it as it is (`_current_scheduler`'s "kept")
+    and would plan nothing before the caller's question; else None. Only reads."""
+    cached = _cache.value
+    if cached is None or cached.scheduler.unwritten:
+        return None
+    # One statement, so the version and the waiting requests come from one snapshot.
+    got = (
+        SchedulerState.objects.filter(pk=1)
+        .annotate(waiting=Exists(Lease.objects.filter(state=LeaseState.NEW)))
+        .values_list("version", "waiting")
+        .first()
+    )
+    if got is None or tuple(got) != (cached.version, False):
+        return None  # another process committed since, or requests wait to be planned: a pass's work
+    nodes = states_from_rows(now)
+    if fleet_fingerprint(nodes) != cached.fingerprint:
+        return None  # a pass would reload the scheduler for this fleet
+    plan = Planning(scheduler=cached.scheduler, now=now, excluded=excluded_nodes(nodes), nodes=nodes)
+    # What a pass does before it plans, less `settle`, which has nothing to do on a committed scheduler
+    # (`unwritten` above): the now-gate's figures, from this read of the fleet.
+    _observe(plan.scheduler, plan)
+    return plan
+
+
+def _forget(sched: Scheduler) -> None:
+    if _cache.value is not None and _cache.value.scheduler is sched:
+        _cache.value = None
 
 
 def _current_scheduler(
@@ -588,6 +697,10 @@ def _prepare(sched: Scheduler, plan: Planning) -> None:
     """A pass's scheduler made ready to plan: time moved to the pass's `now`, the now-gate's figures observed."""
     sched.settle(plan.t)
     sched.replaced = []  # set again by this pass's advance(), if it runs one
+    _observe(sched, plan)
+
+
+def _observe(sched: Scheduler, plan: Planning) -> None:
     sched.observe(*observed_extra(plan.nodes, sched, plan.t, plan.excluded))
 
 

@@ -103,6 +103,13 @@ class PlanBook:
     def queue(self) -> Sequence[int]:
         return [lid for _, _, lid in self._queue]
 
+    @property
+    def unwritten(self) -> bool:
+        """Whether anything waits for the plan applier to write or settle: journal entries, isolations, leases
+        `restore` set aside. A scheduler that is only asked (a preview reading the cached one) has none before
+        and must have none after; a scheduler a pass committed has none."""
+        return bool(self._changes or self.isolated or self.displaced or self._broken or self._displaced)
+
     def take_changes(self) -> list[Change]:
         changes, self._changes = self._changes, []
         return changes

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from dataclasses import fields
 from datetime import timedelta
+from unittest.mock import patch
 
 import pytest
+from django.db.models.sql.compiler import SQLCompiler
 from django.utils import timezone
 
 from fleet import placement
@@ -55,3 +57,30 @@ def test_a_node_state_read_in_bulk_has_every_field_and_compares_equal_to_one_bui
     built = NodeState(*values)
     assert read == built and hash(read.capabilities) == hash(built.capabilities)
     assert set(vars(read)) == {f.name for f in fields(NodeState)}
+
+
+def test_the_fleet_read_compiles_its_statement_once_and_reads_rows_as_the_query_gives_them(
+    django_assert_num_queries,
+):
+    """The pass's fleet read runs one precompiled statement (compiling it and Django's row iterator were a fifth
+    of the read at 1,000 nodes); its rows are the queryset's, value for value and type for type."""
+    now = timezone.now()
+    Node.objects.create(
+        name="gpu-01", token_digest="t1", cpu_cores=32, mem_total_mib=131072, disk_total_gib=2000,
+        capabilities=["kvm", "gpu"], last_heartbeat_at=now, obs_mem_total_mib=131072, obs_mem_used_mib=4000,
+        obs_disk_free_gib=1500.5, obs_cpu_pct=12.5, idle_baseline_mib=3500,
+    )  # fmt: skip
+    Node.objects.create(name="silent", token_digest="t2", cpu_cores=4, mem_total_mib=8192, disk_total_gib=100)
+    placement.states_from_rows(now)
+    with (
+        patch.object(SQLCompiler, "as_sql", side_effect=AssertionError("compiled again")),
+        django_assert_num_queries(1),
+    ):
+        states = placement.states_from_rows(now)
+    assert [s.name for s in states] == ["gpu-01", "silent"]
+    raw = placement._fleet_rows()
+    expected = [
+        (*row[:7], None if row[7] is None else float(row[7]), *row[8:]) for row in placement._fleet_query()
+    ]
+    assert raw == expected
+    assert [tuple(map(type, row)) for row in raw] == [tuple(map(type, row)) for row in expected]

@@ -50,3 +50,22 @@ def test_each_node_is_charged_what_it_is_seen_to_use_beyond_its_baseline_and_its
     assert columns[rows[1]].tolist() == [0, 9000 - 3000 - 4096, 80]
     assert columns[rows[4]].tolist() == [0, 0, allocatable_disk - 80]
     assert columns[rows[5]].tolist() == columns[rows[6]].tolist() == [0, 0, 0]
+
+
+def test_figures_that_did_not_move_are_the_same_objects_and_the_scheduler_keeps_what_it_derived_from_them():
+    """A fleet whose readings did not change since the last pass: observed_extra hands back the very Res objects
+    it gave then, so Scheduler.observe finds them unchanged by identity and keeps its now-gate mapping (and what
+    explain derived from it) instead of comparing a dataclass per node."""
+    nodes = [node(i, used=9000 + i, baseline=3000, disk_free=400.0) for i in range(1, 50)]
+    s = Scheduler({n.id: store.node_capacity(n) for n in nodes}, SchedulerConfig())
+    first, columns = store.observed_extra(nodes, s, 10, {})
+    again, _ = store.observed_extra(nodes, s, 10, {})
+    assert first == again and all(again[n] is first[n] for n in first)
+    s.observe(first, columns)
+    kept = s._now_extra
+    s.observe(again, columns)
+    assert s._now_extra is kept
+    s.observe({**again, 1: Res(mem=1)}, columns)  # a reading moved: the new figures are taken
+    assert s._now_extra is not kept and s._now_extra[1] == Res(mem=1)
+    s.observe({1: Res(), 2: Res(disk=3)}, columns)  # a zero figure charges nothing and is not kept
+    assert s._now_extra == {2: Res(disk=3)}

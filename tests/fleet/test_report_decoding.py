@@ -1,0 +1,82 @@
+"""A stored report read back as rows (fleet/reports.py `decode`): exactly the rows the per-node decoder gave, field
+for field and in the same order, and each distinct sentence written once. No database."""
+
+from __future__ import annotations
+
+import random
+from unittest.mock import patch
+
+import orjson
+import pytest
+
+from fleet import reports
+from fleet.reports import Verdict
+from tests.fleet.decode_reference import decode as reference_decode
+
+CODES = ("at_capacity", "no_disk", "too_small", "reserved", "anti_affinity", "draining", "dead")
+NOTES = ("", "", "", "lacks accel.gpu", "an operator cordoned this node; undrain it to place work here")
+
+
+def random_verdicts(rng: random.Random, n: int) -> list[Verdict]:
+    """A fleet's verdicts in every shape a report holds: fit and unfit, each dimension, sentences of their own,
+    blockers, ranks, a chosen node, figures that repeat and figures that do not, names some readers lack."""
+    out = []
+    for node in sorted(rng.sample(range(1, 3 * n), n)):
+        fit = rng.random() < 0.6
+        dim = rng.choice(("cpu", "mem", "mem", "disk"))
+        out.append(
+            Verdict(
+                node=node,
+                holds=rng.randint(1, 4) if fit else 0,
+                code=None if fit else rng.choice(CODES),
+                dim=dim,
+                need=rng.choice((150, 200)) if dim == "cpu" else rng.choice((8192, 12)),
+                free=rng.choice((-1109, 0, 4096, rng.randint(-5000, 200000))),
+                allocatable=rng.choice((-1, 52586, 122148, rng.randint(0, 200000))),
+                rank=rng.randint(1, n) if fit or rng.random() < 0.1 else None,
+                chosen=fit and rng.random() < 0.05,
+                blockers=tuple(rng.sample(range(1, 9000), rng.randint(1, 3))) if rng.random() < 0.1 else (),
+                note="" if fit else rng.choice(NOTES),
+            )
+        )
+    return out
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_rows_read_back_exactly_as_the_per_node_decoder_gave_them(seed):
+    rng = random.Random(seed)
+    verdicts = random_verdicts(rng, rng.choice((1, 7, 300, 1000)))
+    names = {v.node: f"node-{v.node:04d}" for v in verdicts if rng.random() < 0.95}
+    names[verdicts[0].node] = ""  # a name that is empty is still the node's name
+    window = rng.choice(((1.8e9, 1.8e9 + 3600), (None, None)))
+    headroom = [rng.choice((None, 0.25, 3.0)) for _ in verdicts] if seed % 3 == 0 else None
+    stored = reports.encode(verdicts, start=window[0], end=window[1], summary="s", headroom=headroom)
+    # As the database gives it back: JSON, not the numpy-built lists encode made.
+    stored = orjson.loads(orjson.dumps(stored, option=orjson.OPT_SERIALIZE_NUMPY))
+    got, want = reports.decode(stored, names), reference_decode(stored, names)
+    assert got == want
+    assert orjson.dumps(got) == orjson.dumps(want)  # the same bytes: 1 and 1.0, True and 1 differ here
+
+
+def test_a_report_with_sentences_stored_per_node_reads_back_as_before():
+    """Reports stored before exclusion sentences were indexed kept them by node id, in `notes`."""
+    verdicts = random_verdicts(random.Random(99), 50)
+    stored = orjson.loads(orjson.dumps(reports.encode(verdicts, start=None, end=None, summary="s")))
+    stored.pop("texts", None)
+    stored.pop("note", None)
+    stored["notes"] = {str(v.node): "lacks accel.gpu" for v in verdicts[::3]}
+    names = {v.node: f"n{v.node}" for v in verdicts}
+    assert reports.decode(stored, names) == reference_decode(stored, names)
+
+
+def test_each_distinct_refusal_sentence_is_written_once():
+    """500 nodes full in the same way share one sentence: written once, not 500 times (most of decoding a
+    1,000-node report was writing sentences)."""
+    verdicts = [Verdict(n, 0, "at_capacity", "mem", 8192, 4096, 52586, None, False) for n in range(1, 501)]
+    stored = reports.encode(verdicts, start=1.8e9, end=1.8e9 + 60, summary="s")
+    with patch.object(reports, "sentence", wraps=reports.sentence) as sentence:
+        rows = reports.decode(stored, {})
+    assert sentence.call_count == 1
+    assert {r["reason"] for r in rows} == {
+        "4 GiB of memory free now of 52,586 MiB allocatable; one VM needs 8 GiB"
+    }
