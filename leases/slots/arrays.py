@@ -48,6 +48,12 @@ class NodeArrays:
     narrow: 20 bytes a slot (a float64 time, int32 levels), not 48 with a column of next times and int64
     levels."""
 
+    sizes: IntArray  # breakpoints per node
+    off: IntArray  # node i's slots: off[i]..off[i+1]-1
+    times: FloatArray
+    levels: LevelArray
+    _owner: IntArray  # the node of each slot
+
     def __init__(self, nodes: Sequence[int], caps: Mapping[int, Vec], lines: Mapping[int, Line]) -> None:
         self.nodes = np.asarray(nodes, dtype=np.int64)
         self.pos = {n: i for i, n in enumerate(nodes)}
@@ -100,14 +106,14 @@ class NodeArrays:
 
     def _allot(self, sizes: IntArray) -> None:
         """Empty columns for lines of `sizes` breakpoints, each node with its spare slots."""
-        self.sizes: IntArray = sizes
+        self.sizes = sizes
         slots = sizes + SPARE_SLOTS + sizes // SPARE_SHARE
-        self.off: IntArray = np.zeros(len(slots) + 1, dtype=np.int64)
+        self.off = np.zeros(len(slots) + 1, dtype=np.int64)
         np.cumsum(slots, out=self.off[1:])
         total = int(self.off[-1])
-        self.times: FloatArray = np.full(total, np.inf)
-        self.levels: LevelArray = np.zeros((total, DIMS), dtype=LEVEL)
-        self._owner = np.repeat(np.arange(len(slots)), slots)  # the node of each slot
+        self.times = np.full(total, np.inf)
+        self.levels = np.zeros((total, DIMS), dtype=LEVEL)
+        self._owner = np.repeat(np.arange(len(slots)), slots)
 
     def peak_over(self, start: float, end: float) -> LevelArray:
         """Per node and dimension, the highest usage at any instant of [start, end) (end > start): what

@@ -151,7 +151,9 @@ def test_the_columns_are_rewritten_in_place_and_grow_where_a_line_outgrows_its_s
             grown += 1
             assert int(arrays.off[-1]) > before[1]
         assert (arrays.off[1:] - arrays.off[:-1] > arrays.sizes).all()  # a spare slot after every line
-        fresh = slot_arrays.NodeArrays(list(table.nodes), {n: table._cap(n) for n in table.nodes}, table._lines)
+        fresh = slot_arrays.NodeArrays(
+            list(table.nodes), {n: table._cap(n) for n in table.nodes}, table._lines
+        )
         for start, end in [(0.0, 50.0), (2900.0, 3100.0), (3000.0, 9000.0), (3000.0 + k, 10.0**6)]:
             assert (arrays.peak_over(start, end) == fresh.peak_over(start, end)).all()
             assert (arrays.level_at(start) == fresh.level_at(start)).all()
