@@ -115,11 +115,54 @@ def _columns(fields: Sequence, objs: Sequence[models.Model], *, insert: bool) ->
     Sent as arrays in binary: a statement's text and parameter count stay the same whatever the row count, so
     psycopg converts it once (a multi-row VALUES of a few thousand placeholders was split by a regex in Python at
     every batch, and too long for its statement cache: 1.0 s of a 1,600-approval run's 2.5 s of writes,
-    measured), and binary arrays carry JSON documents without the per-element escaping of the text format."""
+    measured), and binary arrays carry JSON documents without the per-element escaping of the text format.
+
+    A value a plain field would hand on unchanged (see _PLAIN) skips the field's preparation: a call per value
+    was the most of what was left of a batch's client time (120,000 calls in 1,600 approvals, measured)."""
     prep = connection
-    if insert:
-        return [[f.get_db_prep_save(f.pre_save(obj, True), prep) for obj in objs] for f in fields]
-    return [[f.get_db_prep_save(getattr(obj, f.attname), prep) for obj in objs] for f in fields]
+    out = []
+    for f in fields:
+        plain = _plain(f)
+        if plain is None:
+            if insert:
+                out.append([f.get_db_prep_save(f.pre_save(obj, True), prep) for obj in objs])
+            else:
+                out.append([f.get_db_prep_save(getattr(obj, f.attname), prep) for obj in objs])
+            continue
+        # The plain fields' pre_save is Field.pre_save: the attribute itself.
+        name = f.attname
+        column = []
+        for obj in objs:
+            value = getattr(obj, name)
+            column.append(value if value is None or type(value) is plain else f.get_db_prep_save(value, prep))
+        out.append(column)
+    return out
+
+
+# Field classes (exactly these, not subclasses) whose preparation hands on None and a value of exactly this type
+# unchanged (to_python of a str is the str, int() of an int the int, ...). A subclass, an enum member (a
+# TextChoices value is a str subclass) or any other type goes through get_db_prep_save as before.
+_PLAIN_TYPES: dict[type, type] = {
+    models.CharField: str,
+    models.TextField: str,
+    models.AutoField: int,
+    models.BigAutoField: int,
+    models.SmallAutoField: int,
+    models.IntegerField: int,
+    models.BigIntegerField: int,
+    models.SmallIntegerField: int,
+    models.PositiveIntegerField: int,
+    models.PositiveBigIntegerField: int,
+    models.PositiveSmallIntegerField: int,
+    models.BooleanField: bool,
+    models.FloatField: float,
+}
+
+
+def _plain(field) -> type | None:
+    if type(field) in (models.ForeignKey, models.OneToOneField):
+        return _PLAIN_TYPES.get(type(field.target_field)) if field.target_field.primary_key else None
+    return _PLAIN_TYPES.get(type(field))
 
 
 def _server_cursor():

@@ -160,3 +160,26 @@ def test_update_many_writes_foreign_keys_times_and_nullable_columns(django_user_
     assert rows["bulk-2"].last_exit_code == -9 and rows["bulk-0"].last_exit_code is None
     assert {r.state for r in rows.values()} == {"rescheduled"}
     assert {r.state_changed_at for r in rows.values()} == {now + timedelta(seconds=1)}
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the PostgreSQL columns")
+def test_plain_values_skip_the_fields_preparation_and_the_rest_do_not(monkeypatch):
+    """A str in a CharField, an int in an integer field or key, ... is handed on as it is; JSON, times, enum
+    members and anything else still go through get_db_prep_save (and are stored as the other tests check)."""
+    from django.db.models import Field
+
+    from leases.instances.models import RescheduleStatus
+
+    prepared: list[str] = []
+    real = Field.get_db_prep_save
+    monkeypatch.setattr(
+        Field, "get_db_prep_save", lambda self, v, c: prepared.append(self.name) or real(self, v, c)
+    )
+    made = insert_many([report(i) for i in range(1, 11)])
+    assert sorted(set(prepared)) == ["chosen", "created_at", "request", "verdicts"]
+    assert len(prepared) == 40
+    prepared.clear()
+    made[0].outcome = RescheduleStatus.APPLIED  # a TextChoices member: not exactly a str
+    update_many(made, ["outcome", "message"])
+    assert prepared == ["outcome"]
+    assert PlacementReport.objects.get(pk=made[0].pk).outcome == "applied"
