@@ -72,3 +72,115 @@ def test_update_many_writes_the_fields_named_and_nothing_else():
     for r in PlacementReport.objects.filter(pk__in=[o.pk for o in made]):
         assert r.message == f"changed {r.pk}"
         assert r.outcome in ("placed", "rejected")
+
+
+class _Recording:
+    """A cursor that records what it is asked to execute, and executes it."""
+
+    def __init__(self, cursor, sent: list) -> None:
+        self._cursor, self._sent = cursor, sent
+
+    def __enter__(self):
+        self._cursor.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._cursor.__exit__(*exc)
+
+    def execute(self, sql, params=None):
+        self._sent.append((sql, params))
+        return self._cursor.execute(sql, params)
+
+    def fetchall(self):
+        return self._cursor.fetchall()
+
+
+def _recorded(monkeypatch) -> list:
+    import slotkeeper.bulk as bulk
+
+    sent: list = []
+    real = bulk._server_cursor
+    monkeypatch.setattr(bulk, "_server_cursor", lambda: _Recording(real(), sent))
+    return sent
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the PostgreSQL statement")
+def test_a_batch_is_one_statement_with_a_parameter_per_column_whatever_its_rows_on_postgresql(monkeypatch):
+    sent = _recorded(monkeypatch)
+    made = insert_many([report(i % 40 + 1) for i in range(900)])
+    for o in made:
+        o.message = f"changed {o.pk}"
+    update_many(made, ["message", "outcome"])
+    columns = len([f for f in PlacementReport._meta.local_concrete_fields if not f.primary_key])
+    # A statement whose text grows with the rows was split by a regex in Python at every batch, and never cached.
+    assert [len(params) for _, params in sent] == [columns, 3]
+    assert all("UNNEST(" in sql for sql, _ in sent)
+    assert PlacementReport.objects.filter(message__startswith="changed ").count() == 900
+
+
+def test_json_text_and_nulls_are_stored_as_written():
+    odd = {
+        "quote": 'say "hi"',
+        "slash": "a\\b",
+        "braces": "{1,2}",
+        "nul": None,
+        "uni": "‘é’ ✓",
+        "n": [1.5, -2],
+    }
+    made = insert_many([report(1), report(2)])
+    made[0].verdicts, made[0].chosen, made[0].message = odd, ["{x}", 'y"z'], "{a,b} NULL \\N"
+    made[1].verdicts, made[1].chosen, made[1].message = [odd, odd], [], ""
+    update_many(made, ["verdicts", "chosen", "message"])
+    fetched = {r.pk: r for r in PlacementReport.objects.filter(pk__in=[o.pk for o in made])}
+    assert stored(fetched[o.pk] for o in made) == stored(made)
+    again = insert_many([PlacementReport(**{f: getattr(o, f) for f in ("subject", "request", "outcome",
+        "message", "chosen", "verdicts", "requested_by")}, created_at=o.created_at) for o in made])  # fmt: skip
+    fetched = {r.pk: r for r in PlacementReport.objects.filter(pk__in=[o.pk for o in again])}
+    assert stored(fetched[o.pk] for o in again) == stored(made)
+
+
+def test_update_many_writes_foreign_keys_times_and_nullable_columns(django_user_model):
+    from datetime import timedelta
+
+    from leases.models import Instance, Lease
+
+    now = timezone.now()
+    lease = Lease.objects.create(name="bulk", type="best_effort", duration_s=60, vnodes=[{"cpu_cores": 1}],
+        submitted_at=now)  # fmt: skip
+    made = insert_many([Instance(iid=f"bulk-{i}", lease=lease, vnode=1, generation=i, state="lost",
+        created_at=now, state_changed_at=now) for i in range(3)])  # fmt: skip
+    made[1].replaces = made[0]
+    made[2].restart_not_before, made[2].last_exit_code = now + timedelta(seconds=5), -9
+    for o in made:
+        o.state, o.state_changed_at = "rescheduled", now + timedelta(seconds=1)
+    update_many(made, ["state", "state_changed_at", "replaces", "restart_not_before", "last_exit_code"])
+    rows = {r.iid: r for r in Instance.objects.filter(lease=lease)}
+    assert rows["bulk-1"].replaces_id == made[0].pk and rows["bulk-0"].replaces_id is None
+    assert rows["bulk-2"].restart_not_before == now + timedelta(seconds=5)
+    assert rows["bulk-2"].last_exit_code == -9 and rows["bulk-0"].last_exit_code is None
+    assert {r.state for r in rows.values()} == {"rescheduled"}
+    assert {r.state_changed_at for r in rows.values()} == {now + timedelta(seconds=1)}
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the PostgreSQL columns")
+def test_plain_values_skip_the_fields_preparation_and_the_rest_do_not(monkeypatch):
+    """A column of str in a CharField, of int in an integer field or key, ... is handed on as it is; JSON, times,
+    and a column holding an enum member or anything else still go through get_db_prep_save (and are stored as the
+    other tests check)."""
+    from django.db.models import Field
+
+    from leases.instances.models import RescheduleStatus
+
+    prepared: list[str] = []
+    real = Field.get_db_prep_save
+    monkeypatch.setattr(
+        Field, "get_db_prep_save", lambda self, v, c: prepared.append(self.name) or real(self, v, c)
+    )
+    made = insert_many([report(i) for i in range(1, 11)])
+    assert sorted(set(prepared)) == ["chosen", "created_at", "request", "verdicts"]
+    assert len(prepared) == 40
+    prepared.clear()
+    made[0].outcome = RescheduleStatus.APPLIED  # a TextChoices member: not exactly a str
+    update_many(made, ["outcome", "message"])
+    assert prepared == ["outcome"] * len(made), "a column with one value not plain is prepared whole"
+    assert PlacementReport.objects.get(pk=made[0].pk).outcome == "applied"

@@ -156,3 +156,53 @@ def test_a_window_asked_for_twice_keeps_a_ranking_and_the_kept_ones_are_bounded(
     assert len(s._rankings) == mapper.RANKINGS
     assert len(s.table.watchers) == mapper.RANKINGS, "an evicted ranking stops watching the table"
     assert all(any(w is r.dirty for w in s.table.watchers) for r in s._rankings.values())
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_score_columns_order_nodes_as_scoring_each_node_does_while_the_plan_changes(seed, monkeypatch):
+    """Mapper.Summaries: the kept columns give the very order the per-node score gives, at a start asked for
+    again and again while leases are placed (the columns must follow every write), with and without `avoid`."""
+    rng = random.Random(seed)
+    s = random_plan(rng, rng.choice([12, 40]))
+    nodes = list(s.table.nodes)
+    s._use_exclusions({n: "draining" for n in rng.sample(nodes, 2)})
+    built = 0
+    for k in range(40):
+        start = rng.choice([3000.0, 3000.0, 3000.0, 3600.5])  # one shared `now`, as a batch of approvals has
+        req = LeaseRequest(
+            30_000 + k,
+            "immediate",
+            start,
+            start,
+            rng.choice([0.0, 60.0, 600.0, 5000.0]),
+            tuple(rng.choice(VMS) for _ in range(rng.randint(1, 3))),
+            avoid=frozenset(rng.sample(nodes, rng.randint(0, 4))),
+            barred=tuple((n, "missing_capability: x") for n in rng.sample(nodes, rng.randint(0, 2))),
+        )
+        got = s._sorted_hosts(s.table, req, start, req.duration, None)
+        built += start in s._summaries
+        with monkeypatch.context() as m:
+            m.setattr(mapper.Mapper, "_summary_columns", lambda self, start: None)
+            want = s._sorted_hosts(s.table, req, start, req.duration, None)
+        assert got == want, (seed, k)
+        # Change the plan where the columns are kept: a lease placed now, or one taken out of the plan.
+        if rng.random() < 0.6:
+            s.submit(replace(req, id=40_000 + k, avoid=frozenset(), barred=()), start)
+        else:
+            placed = [lid for lid, rec in s.leases.items() if rec.state == "scheduled"]
+            if placed:
+                s.cancel(rng.choice(placed), start)
+    assert built > 20, "the columns were used for most orders"
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_swept_summary_is_the_summary_summed_at_every_point(seed):
+    """mapper.summary_span (a sweep over starts and ends) answers what summing the state at every point answers,
+    at instants on, between and after reservation edges, back-to-back reservations of one lease included."""
+    rng = random.Random(seed)
+    s = random_plan(rng, 12)
+    edges = sorted({x for r in s.table.reservations() for x in (r.start, r.end)})
+    instants = [0.0, *edges, *(x - 0.5 for x in edges), *(x + 0.5 for x in edges)]
+    for node in s.table.nodes:
+        for t in instants:
+            assert mapper.summary_span(s.table, node, t) == mapper.summary_span_reference(s.table, node, t)
