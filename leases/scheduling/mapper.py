@@ -514,22 +514,3 @@ def summary_span(table: SlotTable, node: int, t: float) -> tuple[int, float, flo
             change = x
             break
     return len(now[1]), change, points[0] if points else math.inf
-
-
-def summary_span_reference(table: SlotTable, node: int, t: float) -> tuple[int, float, float]:
-    """summary_span as first written (the state summed again at every point): tests compare the two."""
-    rows = [(r.start, r.end, r.lease_id, r.alloc[node]) for r in table.reservations(start=t, node=node)]
-
-    def state_at(x: float) -> tuple[Res, frozenset[int]]:
-        used = Res()
-        leases: set[int] = set()
-        for a, b, lid, use in rows:
-            if a <= x < b:
-                used = used + use
-                leases.add(lid)
-        return used, frozenset(leases)
-
-    now = state_at(t)
-    points = sorted({p for a, b, _, _ in rows for p in (a, b) if p > t})
-    change = next((x for x in points if state_at(x) != now), math.inf)
-    return len(now[1]), change, points[0] if points else math.inf

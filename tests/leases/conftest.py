@@ -7,6 +7,8 @@ from fleet import actions as fleet_actions
 from fleet.nodestate import BASELINE_FLOOR_MIB, HOST_RESERVE_MIB
 from leases import store
 from leases.instances.actions import nodes as node_actions
+from leases.lifecycle import TERMINAL_LEASE_STATES
+from leases.scheduler import Scheduler
 
 
 @pytest.fixture(autouse=True)
@@ -79,3 +81,27 @@ def count_loads(monkeypatch) -> list:
     real = store.load
     monkeypatch.setattr(store, "load", lambda *a: loads.append(1) or real(*a))
     return loads
+
+
+def picture(sched: Scheduler) -> dict:
+    """What a scheduler holds that planning depends on, in plain values: every unfinished lease with its state and
+    reservations, the slot table's rows, the queue and the next reservation id. Two schedulers that agree here
+    plan the same."""
+    done = {s.value for s in TERMINAL_LEASE_STATES}
+    leases = {
+        lid: (
+            str(rec.state),
+            rec.in_future,
+            sorted(
+                (r.rid, r.kind, r.start, r.end, r.status, tuple(sorted(r.nodes.items())))
+                for r in rec.reservations
+            ),
+        )
+        for lid, rec in sched.leases.items()
+        if str(rec.state) not in done
+    }
+    rows = sorted(
+        (row.rid, row.lease_id, row.kind, row.start, row.end, tuple(sorted(row.alloc.items())))
+        for row in sched.table.reservations()
+    )
+    return {"leases": leases, "rows": rows, "queue": list(sched.queue), "next_rid": sched.next_rid}

@@ -19,12 +19,12 @@ from django.utils import timezone
 
 from fleet.models import PlacementReport
 from leases import actions, store
-from leases.lifecycle import TERMINAL_LEASE_STATES, LeaseState
+from leases.lifecycle import LeaseState
 from leases.models import Lease, PlanVersion, SchedulerState
 from slotkeeper import planlock
 from slotkeeper.models import AuditEntry
 from tests.conftest import requires_postgres
-from tests.leases.conftest import intent, unreadable, vm
+from tests.leases.conftest import intent, picture, unreadable, vm
 from tests.leases.invariants import overcommitted_instants
 
 
@@ -121,25 +121,6 @@ def test_metrics_show_the_plan_queue(fleet):
 # -- catching up instead of reloading -------------------------------------------------------------------------
 
 
-def snapshot(sched) -> dict:
-    """What a scheduler holds that planning depends on: every unfinished lease with its state and live
-    reservations, the queue in order, and the slot table's rows."""
-    done = {s.value for s in TERMINAL_LEASE_STATES}
-    leases = {
-        lid: (
-            str(rec.state),
-            rec.in_future,
-            sorted(
-                (r.rid, r.kind, r.start, r.end, r.status, tuple(sorted(r.nodes.items()))) for r in rec.chain()
-            ),
-        )
-        for lid, rec in sched.leases.items()
-        if str(rec.state) not in done
-    }
-    table = sorted((r.rid, tuple(sorted(r.alloc.items()))) for r in sched.table.reservations())
-    return {"leases": leases, "queue": list(sched.queue), "table": table}
-
-
 # Real commits: the scheduler is cached only once its pass commits.
 @pytest.mark.django_db(transaction=True)
 def test_a_stale_cache_re_reads_only_the_touched_leases_and_equals_a_full_reload(fleet):
@@ -172,7 +153,7 @@ def test_a_stale_cache_re_reads_only_the_touched_leases_and_equals_a_full_reload
         assert {a.lease.pk, b.lease.pk} <= touched
         assert live_touched < Lease.objects.exclude(state__in=store.NOT_PLANNED).count()
         state = SchedulerState.objects.get(pk=1)
-        assert snapshot(plan.scheduler) == snapshot(store.load(plan.nodes, state.next_rid))
+        assert picture(plan.scheduler) == picture(store.load(plan.nodes, state.next_rid))
     assert plan.scheduler is stale.scheduler
 
 

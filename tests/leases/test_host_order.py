@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
 from dataclasses import replace
 
@@ -15,12 +16,31 @@ from leases.replay import replay, setup
 from leases.scheduler import LeaseRequest, Scheduler, SchedulerConfig
 from leases.scheduling import mapper
 from leases.scheduling.mapper import HostOrder
-from leases.slottable import Res
+from leases.slottable import Res, SlotTable
 from leases.traces import read_trace
 from tests.leases.test_explain_vectorised import random_plan
 from tests.leases.test_replay import CONFIG_A, TRACES
 
 VMS = [Res(50, 512, 5), Res(100, 1024, 10), Res(400, 4096, 40)]
+
+
+def summary_span_reference(table: SlotTable, node: int, t: float) -> tuple[int, float, float]:
+    """mapper.summary_span as first written (the state summed again at every point): the oracle of the sweep."""
+    rows = [(r.start, r.end, r.lease_id, r.alloc[node]) for r in table.reservations(start=t, node=node)]
+
+    def state_at(x: float) -> tuple[Res, frozenset[int]]:
+        used = Res()
+        leases: set[int] = set()
+        for a, b, lid, use in rows:
+            if a <= x < b:
+                used = used + use
+                leases.add(lid)
+        return used, frozenset(leases)
+
+    now = state_at(t)
+    points = sorted({p for a, b, _, _ in rows for p in (a, b) if p > t})
+    change = next((x for x in points if state_at(x) != now), math.inf)
+    return len(now[1]), change, points[0] if points else math.inf
 
 
 @pytest.mark.parametrize("seed", range(10))
@@ -205,4 +225,4 @@ def test_the_swept_summary_is_the_summary_summed_at_every_point(seed):
     instants = [0.0, *edges, *(x - 0.5 for x in edges), *(x + 0.5 for x in edges)]
     for node in s.table.nodes:
         for t in instants:
-            assert mapper.summary_span(s.table, node, t) == mapper.summary_span_reference(s.table, node, t)
+            assert mapper.summary_span(s.table, node, t) == summary_span_reference(s.table, node, t)

@@ -12,38 +12,14 @@ import pytest
 from django.utils import timezone
 
 from leases import actions, store
-from leases.lifecycle import TERMINAL_LEASE_STATES, LeaseState
+from leases.lifecycle import LeaseState
 from leases.models import Alert, Lease, Reservation, SchedulerState
 from leases.scheduler import Scheduler
-from tests.leases.conftest import count_loads, intent, unreadable, vm
+from tests.leases.conftest import count_loads, intent, picture, unreadable, vm
 from tests.leases.invariants import overcommitted_instants
 
 # Real commits: the scheduler is cached only once its pass commits, and these tests compare the cached one.
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def picture(sched: Scheduler) -> dict:
-    """What a scheduler holds that planning depends on, in plain values: every unfinished lease with its state and
-    reservations, the slot table's rows, the queue and the next reservation id. Two schedulers that agree here
-    plan the same."""
-    done = {s.value for s in TERMINAL_LEASE_STATES}
-    leases = {
-        lid: (
-            str(rec.state),
-            rec.in_future,
-            sorted(
-                (r.rid, r.kind, r.start, r.end, r.status, tuple(sorted(r.nodes.items())))
-                for r in rec.reservations
-            ),
-        )
-        for lid, rec in sched.leases.items()
-        if str(rec.state) not in done
-    }
-    rows = sorted(
-        (row.rid, row.lease_id, row.kind, row.start, row.end, tuple(sorted(row.alloc.items())))
-        for row in sched.table.reservations()
-    )
-    return {"leases": leases, "rows": rows, "queue": list(sched.queue), "next_rid": sched.next_rid}
 
 
 def cached_scheduler() -> Scheduler:
