@@ -8,7 +8,8 @@ put on the slot table by the scheduler itself, a few hundred per planning pass (
 variant does it: real reservations and allocations through the plan applier, without a report each): a third
 running now, the rest advance reservations over the next two days.
 
-Then about 50 submissions of each kind through `leases.actions.do_submit_lease`, as the API makes them:
+Then 200 submissions of each kind (a p99 of 50 would be their largest) through `leases.actions.do_submit_lease`,
+as the API makes them:
 
 - placed: an immediate lease of one 2-core 4 GiB VM, which the scheduler places now;
 - rejected (busy): an immediate lease of one VM a little larger than any node has free over its hour, but not
@@ -19,7 +20,8 @@ Then about 50 submissions of each kind through `leases.actions.do_submit_lease`,
 
 The report step (`store.placement_report`, which is `store.report_row`, called by the planning pass for each
 decided request, and the pass's INSERT of its reports, `store.insert_many`) is wrapped with a timer, and split
-into the verdicts (`Scheduler.explain`), the encoding (`fleet.reports.encode`) and the write. The size is `len(json.dumps(report.verdicts))`, what the JSON column holds.
+into the verdicts (`Scheduler.explain`; of it, the slot table's columns brought up to date after the pass, the
+window's gather over them and naming the blocking leases), the encoding (`fleet.reports.encode`) and the write. The size is `len(json.dumps(report.verdicts))`, what the JSON column holds.
 
 The baseline, in the same call on the same plan, right after the real one: the format reports
 had before they were compact (`git show 4c27d19:leases/actions.py`, `_report`), a dict per node with
@@ -160,6 +162,11 @@ class Sample:
     new_cpu_ms: float = 0.0  # the same in this thread's CPU time
     explain_ms: float = 0.0
     encode_ms: float = 0.0
+    # Parts of explain, in the real report's build only: the slot table's columns brought up to date after the
+    # pass (SlotTable.arrays), the window's gather over them (NodeArrays.over), naming the blocking leases.
+    arrays_ms: float = 0.0
+    gather_ms: float = 0.0
+    blockers_ms: float = 0.0
     new_kib: float = 0.0
     old_ms: float = 0.0  # explain again + the old list of dicts + save
     old_cpu_ms: float = 0.0
@@ -181,15 +188,18 @@ class Probe:
         from leases import store
         from leases.models import Lease
         from leases.scheduler import Scheduler
+        from leases.slots.arrays import NodeArrays
+        from leases.slottable import SlotTable
 
         self.sample = Sample()
+        self.building = False  # inside the real report's build (not the baseline's explain)
         self._explain = Scheduler.explain
         self._encode = reports.encode
         self._placement_report = store.placement_report
         # The pass's write: store.insert_many; PlacementReport.objects.bulk_create before 2026-11-30 (sixth
         # session), so this benchmark also times earlier revisions for a same-run baseline.
-        self._writes_with = store if hasattr(store, "insert_many") else None
-        self._insert_many = store.insert_many if self._writes_with else PlacementReport.objects.bulk_create
+        self._writes_many = hasattr(store, "insert_many")
+        self._insert_many = store.insert_many if self._writes_many else PlacementReport.objects.bulk_create
         self.pending: tuple | None = None
         self.last_call: tuple | None = None
         probe = self
@@ -212,9 +222,13 @@ class Probe:
             lease = Lease.objects.get(pk=lease_id)  # for the old format, not timed
             lease.message = kwargs.get("message", "")
             s = probe.sample
-            s.explain_ms = s.encode_ms = 0.0
+            s.explain_ms = s.encode_ms = s.arrays_ms = s.gather_ms = s.blockers_ms = 0.0
             t, c = time.perf_counter(), time.thread_time()
-            row = probe._placement_report(plan, lease_id, **kwargs)
+            probe.building = True
+            try:
+                row = probe._placement_report(plan, lease_id, **kwargs)
+            finally:
+                probe.building = False
             s.new_ms, s.new_cpu_ms = 1000 * (time.perf_counter() - t), 1000 * (time.thread_time() - c)
             probe.pending = (plan, lease, row)
             return row
@@ -238,11 +252,34 @@ class Probe:
         Scheduler.explain = explain  # type: ignore[method-assign]
         reports.encode = encode
         store.placement_report = placement_report
-        if self._writes_with:
+        # Blocking leases: SlotTable.blocking_leases; explain called blockers before 2026-11-30 (sixth session).
+        naming = "blocking_leases" if hasattr(SlotTable, "blocking_leases") else "blockers"
+        for owner, name, part in (
+            (SlotTable, "arrays", "arrays_ms"),
+            (NodeArrays, "over", "gather_ms"),
+            (SlotTable, naming, "blockers_ms"),
+        ):
+            setattr(owner, name, self._part(getattr(owner, name), part))
+        if self._writes_many:
             store.insert_many = insert_many
         else:
             PlacementReport.objects.bulk_create = insert_many
         self.store = store
+
+    def _part(self, method: Callable, part: str) -> Callable:
+        """`method` timed into the sample's `part` while the real report is being built."""
+        probe = self
+
+        def timed(*args, **kwargs):
+            if not probe.building:
+                return method(*args, **kwargs)
+            t = time.thread_time()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                setattr(probe.sample, part, getattr(probe.sample, part) + 1000 * (time.thread_time() - t))
+
+        return timed
 
     def old_format(self, plan, lease) -> None:
         """The report as a dict per node, from the same request over the same window (see the docstring)."""
@@ -438,6 +475,9 @@ def report(kind: str, samples: list[Sample]) -> bool:
     line("compact (now): build + write", new_kib, lambda s: s.new_ms, lambda s: s.new_cpu_ms)
     # The parts are CPU time (thread_time), so they add up to the CPU column on a loaded machine.
     line("  of which Scheduler.explain", None, None, lambda s: s.explain_ms)
+    line("    of which the columns refreshed", None, None, lambda s: s.arrays_ms)
+    line("    of which the window's gather", None, None, lambda s: s.gather_ms)
+    line("    of which the blocking leases", None, None, lambda s: s.blockers_ms)
     line("  of which reports.encode", None, None, lambda s: s.encode_ms)
     line(
         "  of which the rest (summary, save)", None, None, lambda s: s.new_cpu_ms - s.explain_ms - s.encode_ms
@@ -516,7 +556,8 @@ def main() -> None:
         help="which submissions --profile profiles",
     )
     args = parser.parse_args()
-    decisions = args.decisions or (20 if args.quick else 50)
+    # 200 a kind: the p99 of 50 samples is their largest, one hiccup; of 200, the third largest.
+    decisions = args.decisions or (20 if args.quick else 200)
     reservations = args.reservations or (3000 if args.quick else 10_000)
     # A day-old heartbeat stays stale and the rest stay fresh for the whole run, however long the set-up takes.
     os.environ["SLOTKEEPER_HEALTH_MAX_AGE_S"] = "3600"
