@@ -26,6 +26,7 @@ DIMS = 3
 # while before more slots are spliced in after it (NodeArrays._grow).
 SPARE_SLOTS = 2  # at least 1: a node's last segment ends at the spare slot's time, inf
 SPARE_SHARE = 16
+GROWN_SHARE = 4
 
 # Usage levels: cores in hundredths, memory in MiB, disk in GiB; a node's capacity is far below 2**31 of each.
 LEVEL = np.int32
@@ -80,7 +81,9 @@ class NodeArrays:
         concatenation per column for all of them (about 30 us at 1,000 nodes and 10,000 reservations), not the
         columns laid out again (2 ms) nor np.insert (0.4 ms for the levels alone), measured."""
         more = {
-            i: n + SPARE_SLOTS + n // SPARE_SHARE - int(self.off[i + 1] - self.off[i])
+            # A node that outgrew its slots is being written to: it gets a quarter more than it holds, so it
+            # grows again only after several more decisions (each growth copies every column).
+            i: n + SPARE_SLOTS + n // GROWN_SHARE - int(self.off[i + 1] - self.off[i])
             for i, n in sizes.items()
             if n >= self.off[i + 1] - self.off[i]  # one slot stays spare: it ends the node's last segment
         }
