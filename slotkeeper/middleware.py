@@ -58,3 +58,31 @@ def _query_items(request):
     for key, values in request.GET.lists():
         for value in values:
             yield key, value
+
+
+class ReleaseRenderedMiddleware(DualModeMiddleware):
+    """Lets a rendered API response's data go when its request ends, not when the cyclic collector next runs.
+
+    Django REST framework leaves every response in a reference cycle (its `renderer_context` holds the view, which
+    holds the response as `view.response`; the view and its request hold each other), so a response's `data`
+    outlived the request until the collector found the cycle. A placement preview's data is a dict per node: at
+    1,000 nodes about 3,000 containers a request, which piled up in the collector's middle generation and made
+    each of its passes 15-25 ms, a pause that landed in whichever request ran then (docs/BENCHMARKS.md, preview
+    run 5). Once the body is rendered neither is read again, so both are dropped here and reference counting
+    frees the data as the request ends. (Data a serializer made is in a cycle of its own, with the serializer;
+    that stays for the collector.)"""
+
+    def sync_call(self, request):
+        return _released(self.get_response(request))
+
+    async def __acall__(self, request):
+        return _released(await self.get_response(request))
+
+
+def _released(response):
+    # Django renders a deferred-rendering response before the middleware sees it; one not rendered yet keeps what
+    # rendering needs.
+    if getattr(response, "renderer_context", None) is not None and getattr(response, "is_rendered", False):
+        response.renderer_context = None
+        response.data = None
+    return response

@@ -82,6 +82,7 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "slotkeeper.ops.BusyMiddleware",
+    "slotkeeper.middleware.ReleaseRenderedMiddleware",
 ]
 
 ROOT_URLCONF = "slotkeeper.urls"
