@@ -156,11 +156,14 @@ class Explaining(EventLoop):
         # rest in the order it tried them for this request. When it placed the lease before reaching the end of
         # a lazily built order (mapper.HostOrder), only the nodes it handed out and the idle nodes leading the
         # order are ranked: ranking the others would be the mapper's work done again, for nodes it never tried.
-        # When it did not try this window, the order it would try now.
+        # A dry run that would place the lease (a preview: `proposed`) is ranked the same way, so a preview and the
+        # report of the same request placed rank the same nodes; ranking the rest was most of a preview's
+        # verdicts at 1,000 nodes (every node scored at a `now` no pass had asked about). When it did not try
+        # this window, the order it would try now.
         tried = self._order_used(req, start, end - start)
         if tried is None:
             tried = self._host_order(table, req, start, end - start, None)
-        listed = tried.tried() if isinstance(tried, HostOrder) and own else list(tried)
+        listed = tried.tried() if isinstance(tried, HostOrder) and (own or proposed) else list(tried)
         order = [*own, *(n for n in listed if n not in own)] if own else listed
         ranks = np.zeros(size, dtype=np.int64)
         if order:

@@ -139,6 +139,26 @@ def test_a_report_ranks_the_nodes_the_mapper_handed_out_and_the_idle_ones_not_th
     assert verdicts[1].rank is None, "but the mapper never reached it, so it has no rank"
 
 
+def test_a_dry_run_that_would_place_ranks_the_same_nodes_as_the_report_of_the_lease_placed(monkeypatch):
+    """A preview's verdicts are its dry run's (`proposed`); they rank what the placed lease's report ranks, not
+    every node the mapper never reached."""
+    monkeypatch.setattr(mapper, "LAZY_NODES", 0)
+    s = Scheduler({n: Res(100, 1024, 10, 0, 0) for n in range(1, 7)}, SchedulerConfig())
+    s.submit(LeaseRequest(1, "best_effort", 0, None, 600, (Res(50, 512),)), 0)  # node 1 half busy
+    probe = LeaseRequest(-1, "immediate", 0, None, 300, (Res(50, 512),))
+    picked = s.propose(probe, 0, 300, {})
+    dry = {v.node: v for v in s.explain(probe, 0, 300, proposed=picked).verdicts}
+    s.submit(LeaseRequest(2, "immediate", 0, None, 300, (Res(50, 512),)), 0)
+    rec = s.leases[2]
+    vm = rec.current_vm()
+    placed = {
+        v.node: v for v in s.explain(rec.request, vm.start, vm.end, chosen=s.alloc_of(rec, vm)).verdicts
+    }
+    assert picked == [2] and dry[2].chosen and placed[2].chosen
+    assert {n: v.rank for n, v in dry.items()} == {n: v.rank for n, v in placed.items()}
+    assert dry[1].holds == 1 and dry[1].rank is None, "node 1 could hold it, but the mapper never reached it"
+
+
 def test_a_batch_sharing_its_now_on_a_fleet_with_no_idle_node_plans_as_the_full_sort_does(monkeypatch):
     """Group commit's shape: many submissions at one `now` with no idle node, so every mapping attempt goes past
     the idle lead into the scored rest, after each placement changed the nodes it touched."""
