@@ -313,9 +313,25 @@ class PreviewSerializer(StrictSerializer):
     )
 
 
+class VerdictRows(serializers.ListSerializer):
+    """A report's verdicts. The rows `PlacementReport.rows` decodes are already exactly this shape (the fields
+    below, in JSON types), so they go out as they are: DRF's field-by-field representation of a 1,000-node
+    report's rows was a third of a Daphne process's time answering `POST /api/leases/` (docs/BENCHMARKS.md, "Lease
+    burst", the seventh session's run). A row of any other shape (reports stored before they were compact) goes
+    through the fields as before."""
+
+    def to_representation(self, data):
+        keys = frozenset(self.child.fields)
+        represent = self.child.to_representation
+        return [row if type(row) is dict and row.keys() == keys else represent(row) for row in data]
+
+
 class VerdictSerializer(serializers.Serializer):
     """One node's verdict (docs/capacity.md): `fit` exactly when `holds` > 0; otherwise a `reason_code` from the
     closed list and a `reason` in user units; `numbers` are the short dimension's figures over the window."""
+
+    class Meta:
+        list_serializer_class = VerdictRows
 
     node = serializers.CharField()
     node_id = serializers.IntegerField(allow_null=True, required=False)

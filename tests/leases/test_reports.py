@@ -291,3 +291,30 @@ def test_the_column_packers_agree_with_plain_python_on_random_columns(seed):
     if shared:
         need[rng.choice(shared)] += 1  # one node's figure differs from another's: stored per node
         assert reports._per_dim(dim, need) is None
+
+
+def test_a_leases_answer_passes_decoded_verdict_rows_through_and_sends_older_rows_through_the_fields(
+    operator, fleet, monkeypatch
+):
+    """The decoder's rows are the API's shape already (fleet/api/serializers.py, VerdictRows): the answer to a
+    submission sends them as they are, with no field-by-field pass; rows of another shape still get one."""
+    from fleet.api.serializers import VerdictSerializer
+
+    represented = []
+    original = VerdictSerializer.to_representation
+    monkeypatch.setattr(
+        VerdictSerializer,
+        "to_representation",
+        lambda self, row: represented.append(row) or original(self, row),
+    )
+    created = submit(operator, type="immediate", nodes=[vm(cores=1, mem=1024)])
+    assert created.status_code == 201, created.content
+    report = PlacementReport.objects.get(subject=f"lease:{created.json()['id']}")
+    answered = created.json()["placement_reports"][0]["verdicts"]
+    assert answered == json.loads(json.dumps(report.rows)) and len(answered) == Node.objects.count()
+    assert represented == []
+
+    legacy = [{"node": "n1", "node_id": 1, "fit": True, "reason_code": None, "reason": None, "slots": 2}]
+    PlacementReport.objects.filter(pk=report.pk).update(verdicts=legacy)
+    again = operator.get(f"/api/leases/{created.json()['id']}/").json()["placement_reports"][0]["verdicts"]
+    assert len(represented) == 1 and again[0]["node"] == "n1" and again[0]["slots"] == 2
