@@ -135,19 +135,27 @@ class LeaseCreateSerializer(StrictSerializer):
 
     def _check_sizes(self, vnodes):
         """Each VM must fit on one node's allocatable capacity (docs/capacity.md): larger can never be placed."""
-        rows = Node.objects.exclude(status="dead").values_list(
-            "name", "cpu_cores", "mem_total_mib", "disk_total_gib", "idle_baseline_mib"
-        )
-        limits = [(name, nodestate.allocatable(*figures)) for name, *figures in rows]
-        if not limits:
+        # Per distinct shape, not per node: a fleet has a few, and this runs for every lease request (reading
+        # 1,000 nodes' figures was a few ms of each).
+        live = Node.objects.exclude(status="dead")
+        figures = ("cpu_cores", "mem_total_mib", "disk_total_gib", "idle_baseline_mib")
+        shapes = {
+            shape: nodestate.allocatable(*shape) for shape in live.values_list(*figures).order_by().distinct()
+        }
+        if not shapes:
             raise serializers.ValidationError({"nodes": "The fleet has no nodes yet."})
-        name, largest = max(limits, key=lambda item: item[1].mem_mib)
-        max_cpu = max(lim.cpu_cores for _, lim in limits)
-        max_disk = max(lim.disk_gib for _, lim in limits)
+        largest = max(shapes.values(), key=lambda lim: lim.mem_mib)
+        max_cpu = max(lim.cpu_cores for lim in shapes.values())
+        max_disk = max(lim.disk_gib for lim in shapes.values())
         errors = {}
         for i, v in enumerate(vnodes):
             problems = []
             if v["mem_mib"] > largest.mem_mib:
+                # Named only when needed: the first node by name with the most allocatable memory.
+                biggest = {shape for shape, lim in shapes.items() if lim.mem_mib == largest.mem_mib}
+                name = next(
+                    name for name, *shape in live.values_list("name", *figures) if tuple(shape) in biggest
+                )
                 problems.append(
                     f"mem_mib {v['mem_mib']} exceeds the largest node ({name}, {largest.mem_mib} MiB allocatable)"
                 )

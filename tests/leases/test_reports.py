@@ -318,3 +318,36 @@ def test_a_leases_answer_passes_decoded_verdict_rows_through_and_sends_older_row
     PlacementReport.objects.filter(pk=report.pk).update(verdicts=legacy)
     again = operator.get(f"/api/leases/{created.json()['id']}/").json()["placement_reports"][0]["verdicts"]
     assert len(represented) == 1 and again[0]["node"] == "n1" and again[0]["slots"] == 2
+
+
+def test_a_whole_fleet_reports_rows_read_every_name_in_one_plain_query_and_a_deleted_node_by_its_id():
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from fleet.models import NAMES_BY_ID
+
+    nodes = [
+        Node.objects.create(
+            name=f"w{i:03}", cpu_cores=4, mem_total_mib=8192, disk_total_gib=100, token_digest=f"t{i}"
+        )
+        for i in range(NAMES_BY_ID + 6)
+    ]
+
+    class V:
+        def __init__(self, node):
+            self.node, self.holds, self.code, self.dim = node, 1, None, "mem"
+            self.need, self.free, self.allocatable = 1024, 2048, 2048
+            self.rank, self.chosen, self.blockers, self.note = None, False, (), ""
+
+    blob = reports.encode([V(n.pk) for n in nodes], start=1.8e9, end=1.8e9 + 60, summary="s")
+    gone = nodes.pop()
+    gone_id = gone.pk
+    gone.delete()
+    report = PlacementReport.objects.create(
+        created_at=timezone.now(), subject="preview", request={}, outcome="placed", message="", verdicts=blob
+    )
+    report = PlacementReport.objects.get(pk=report.pk)
+    with CaptureQueriesContext(connection) as queries:
+        rows = report.rows
+    assert len(queries) == 1 and " IN (" not in queries[0]["sql"]
+    assert {r["node"] for r in rows} == {n.name for n in nodes} | {f"node {gone_id}"}
