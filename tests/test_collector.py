@@ -81,3 +81,40 @@ def test_an_api_responses_data_is_freed_when_its_request_ends_not_left_to_the_co
         gc.enable()
     # 400 verdicts are 400 dicts and more; what is left (about 210 objects) is the view and its request.
     assert left < 300, left
+
+
+@pytest.mark.django_db
+def test_a_leases_placement_reports_are_freed_when_its_request_ends(register_node, operator):
+    """A lease's answer holds its reports' verdicts, a dict per node. Serializers keep their data and their
+    instance in cycles of their own (leases/api/serializers.py, `plain`), which kept every verdict alive for the
+    collector after each lease answer; now the request's end frees them."""
+    from django.test.client import ClientHandler, RequestFactory
+
+    from slotkeeper.management.commands.issue_token import issue
+
+    for i in range(400):
+        register_node(name=f"n{i:03}")
+    lease = operator.post(
+        "/api/leases/",
+        {"name": "j", "type": "best_effort", "duration_s": 600, "nodes": [{"cpu_cores": 1, "mem_mib": 1024}]},
+        format="json",
+    ).json()["id"]
+    environ = RequestFactory()._base_environ(
+        PATH_INFO=f"/api/leases/{lease}/",
+        REQUEST_METHOD="GET",
+        HTTP_AUTHORIZATION=f"Bearer {issue('vera', 'viewer')}",
+    )
+    handler = ClientHandler(enforce_csrf_checks=True)
+    assert handler(dict(environ)).status_code == 200  # warm
+    gc.collect()
+    gc.disable()
+    try:
+        response = handler(dict(environ))
+        assert response.status_code == 200 and response.content.count(b'"node_id"') == 400
+        del response
+        left = gc.collect()
+    finally:
+        gc.enable()
+    # 400 verdicts are 800 containers and more; what is left (about 500 objects) is the view, its request and
+    # the serializers.
+    assert left < 700, left

@@ -27,6 +27,9 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
     def get_permissions(self):
         return [IsOperator()] if self.action in {"create", "cancel"} else [IsViewer()]
 
+    def retrieve(self, request, *args, **kwargs):
+        return Response(s.plain(s.LeaseDetailSerializer, self.get_object()))
+
     def get_queryset(self):
         qs = super().get_queryset()
         params = self.request.query_params
@@ -62,7 +65,7 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
         ser.is_valid(raise_exception=True)
         spec = actions.LeaseSpec.from_request(ser.validated_data)
         result = actions.do_submit_lease(request.user, spec, now=now)
-        body = s.LeaseDetailSerializer(result.lease).data
+        body = s.plain(s.LeaseDetailSerializer, result.lease)
         if not result.decision.accepted:
             # Rejected is the scheduler's answer (409); failed means it could not plan the lease at all, which
             # is the server's fault, not a conflict the client can resolve.
@@ -87,7 +90,7 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
         lease = actions.do_cancel_lease(
             request.user, lease.pk, now=timezone.now(), reason=ser.validated_data["reason"]
         )
-        return Response(s.LeaseDetailSerializer(lease).data)
+        return Response(s.plain(s.LeaseDetailSerializer, lease))
 
 
 class SlotsView(APIView):
