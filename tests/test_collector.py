@@ -4,7 +4,7 @@ import gc
 import json
 
 import pytest
-from django.test.client import FakePayload
+from django.test.client import ClientHandler, FakePayload
 
 from slotkeeper import collector
 
@@ -45,40 +45,48 @@ def test_cyclic_garbage_made_after_start_up_is_still_collected(restored):
     assert gc.collect() >= 2
 
 
-@pytest.mark.django_db
-def test_an_api_responses_data_is_freed_when_its_request_ends_not_left_to_the_collector(register_node):
-    """Django REST framework's response, view and request hold one another; the response's data was cyclic
-    garbage until the collector's next pass (slotkeeper/middleware.py, ReleaseRenderedMiddleware). Called as a
-    server calls Django (the test client ties responses into cycles of its own), with the collector off: what
-    the collector then finds is what the request left to it, and a 400-node preview's verdicts are none of it."""
-    from django.test.client import ClientHandler, RequestFactory
-
-    from slotkeeper.management.commands.issue_token import issue
-
-    for i in range(400):
-        register_node(name=f"n{i:03}")
-    environ = RequestFactory()._base_environ(
-        PATH_INFO="/api/placement/preview",
-        REQUEST_METHOD="POST",
-        CONTENT_TYPE="application/json",
-        HTTP_AUTHORIZATION=f"Bearer {issue('otto', 'operator')}",
-    )
-    body = json.dumps({"cpu_cores": 1, "mem_mib": 1024, "disk_gib": 1, "count": 1}).encode()
-
-    def preview():
-        return handler({**environ, "CONTENT_LENGTH": str(len(body)), "wsgi.input": FakePayload(body)})
-
-    handler = ClientHandler(enforce_csrf_checks=True)
-    assert preview().status_code == 200  # warm: what first use caches is no garbage
+def left_to_the_collector(request) -> tuple[bytes, int]:
+    """The body `request()` answers and how many objects it left to the cyclic collector: called as a server
+    calls Django (ClientHandler; the test client ties responses into cycles of its own), once to warm what first
+    use caches, then again with the collector off."""
+    assert request().status_code == 200
     gc.collect()
     gc.disable()
     try:
-        response = preview()
-        assert response.status_code == 200 and response.content.count(b'"node_id"') == 400
+        response = request()
+        assert response.status_code == 200
+        body = response.content
         del response
-        left = gc.collect()
+        return body, gc.collect()
     finally:
         gc.enable()
+
+
+def environ(path: str, method: str, role: str) -> dict:
+    from django.test.client import RequestFactory
+
+    from slotkeeper.management.commands.issue_token import issue
+
+    token = issue(f"{role}-gc", role)
+    return RequestFactory()._base_environ(
+        PATH_INFO=path, REQUEST_METHOD=method, HTTP_AUTHORIZATION=f"Bearer {token}"
+    )
+
+
+@pytest.mark.django_db
+def test_an_api_responses_data_is_freed_when_its_request_ends_not_left_to_the_collector(register_node):
+    """Django REST framework's response, view and request hold one another; the response's data was cyclic
+    garbage until the collector's next pass (slotkeeper/middleware.py, ReleaseRenderedMiddleware). What a
+    400-node preview leaves to the collector is none of its verdicts."""
+    for i in range(400):
+        register_node(name=f"n{i:03}")
+    body = json.dumps({"cpu_cores": 1, "mem_mib": 1024, "disk_gib": 1, "count": 1}).encode()
+    call = {**environ("/api/placement/preview", "POST", "operator"), "CONTENT_TYPE": "application/json"}
+    handler = ClientHandler(enforce_csrf_checks=True)
+    answer, left = left_to_the_collector(
+        lambda: handler({**call, "CONTENT_LENGTH": str(len(body)), "wsgi.input": FakePayload(body)})
+    )
+    assert answer.count(b'"node_id"') == 400
     # 400 verdicts are 400 dicts and more; what is left (about 210 objects) is the view and its request.
     assert left < 300, left
 
@@ -88,10 +96,6 @@ def test_a_leases_placement_reports_are_freed_when_its_request_ends(register_nod
     """A lease's answer holds its reports' verdicts, a dict per node. Serializers keep their data and their
     instance in cycles of their own (leases/api/serializers.py, `plain`), which kept every verdict alive for the
     collector after each lease answer; now the request's end frees them."""
-    from django.test.client import ClientHandler, RequestFactory
-
-    from slotkeeper.management.commands.issue_token import issue
-
     for i in range(400):
         register_node(name=f"n{i:03}")
     lease = operator.post(
@@ -99,22 +103,10 @@ def test_a_leases_placement_reports_are_freed_when_its_request_ends(register_nod
         {"name": "j", "type": "best_effort", "duration_s": 600, "nodes": [{"cpu_cores": 1, "mem_mib": 1024}]},
         format="json",
     ).json()["id"]
-    environ = RequestFactory()._base_environ(
-        PATH_INFO=f"/api/leases/{lease}/",
-        REQUEST_METHOD="GET",
-        HTTP_AUTHORIZATION=f"Bearer {issue('vera', 'viewer')}",
-    )
+    call = environ(f"/api/leases/{lease}/", "GET", "viewer")
     handler = ClientHandler(enforce_csrf_checks=True)
-    assert handler(dict(environ)).status_code == 200  # warm
-    gc.collect()
-    gc.disable()
-    try:
-        response = handler(dict(environ))
-        assert response.status_code == 200 and response.content.count(b'"node_id"') == 400
-        del response
-        left = gc.collect()
-    finally:
-        gc.enable()
+    answer, left = left_to_the_collector(lambda: handler(dict(call)))
+    assert answer.count(b'"node_id"') == 400
     # 400 verdicts are 800 containers and more; what is left (about 500 objects) is the view, its request and
     # the serializers.
     assert left < 700, left
