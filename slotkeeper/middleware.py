@@ -69,8 +69,8 @@ class ReleaseRenderedMiddleware(DualModeMiddleware):
     1,000 nodes about 3,000 containers a request, which piled up in the collector's middle generation and made
     each of its passes 15-25 ms, a pause that landed in whichever request ran then (docs/BENCHMARKS.md, preview
     run 5). Once the body is rendered neither is read again, so both are dropped here and reference counting
-    frees the data as the request ends. (Data a serializer made is in a cycle of its own, with the serializer;
-    that stays for the collector.)"""
+    frees the data as the request ends. (A serializer's `.data` is in a cycle of its own, with the serializer;
+    the answers that carry a report build theirs with `leases.api.serializers.plain` instead.)"""
 
     def sync_call(self, request):
         return _released(self.get_response(request))

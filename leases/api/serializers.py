@@ -153,9 +153,10 @@ class LeaseCreateSerializer(StrictSerializer):
             if v["mem_mib"] > largest.mem_mib:
                 # Named only when needed: the first node by name with the most allocatable memory.
                 biggest = {shape for shape, lim in shapes.items() if lim.mem_mib == largest.mem_mib}
-                name = next(
+                named = (
                     name for name, *shape in live.values_list("name", *figures) if tuple(shape) in biggest
                 )
+                name = next(named, "a node since removed")  # removed between the two reads
                 problems.append(
                     f"mem_mib {v['mem_mib']} exceeds the largest node ({name}, {largest.mem_mib} MiB allocatable)"
                 )
