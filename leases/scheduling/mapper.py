@@ -10,7 +10,7 @@ import itertools
 import math
 from bisect import bisect_left, insort
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import fields
 from functools import lru_cache
 from typing import Any
@@ -213,9 +213,7 @@ class Mapper(PlanBook):
             leases, change = (
                 self._summary(node, start) if table is self.table else summary(table, node, start)
             )
-            crowd = (4 - min(leases, 4)) / 4
-            steady = 1.0 if change == math.inf or duration <= 0 else min(1.0, (change - start) / duration)
-            return 0.5 * crowd + 0.25 + 0.25 * steady
+            return host_score(leases, change, start, duration)
 
         if req.avoid:
             return sorted(nodes, key=lambda n: (n in req.avoid, -score(n)))
@@ -227,10 +225,7 @@ class Mapper(PlanBook):
         cheaper than building columns for all of them."""
         got = self._summaries.get(start)
         if got is None:
-            if start not in self._asked_at:
-                self._asked_at[start] = None
-                if len(self._asked_at) > 4 * SUMMARIES:
-                    self._asked_at.popitem(last=False)
+            if not _asked_before(self._asked_at, start, 4 * SUMMARIES):
                 return None
             if len(self._summaries) >= SUMMARIES:
                 self._summaries.popitem(last=False)
@@ -248,12 +243,9 @@ class Mapper(PlanBook):
         return None
 
     def _score(self, node: int, start: float, duration: float) -> float:
-        """Haizea's greedy host score on the live table (SEMANTICS §4.1): fewer leases there now, and a longer
-        spell before the node changes, score higher; 1.0 at most."""
+        """host_score on the live table."""
         leases, change = self._summary(node, start)
-        crowd = (4 - min(leases, 4)) / 4
-        steady = 1.0 if change == math.inf or duration <= 0 else min(1.0, (change - start) / duration)
-        return 0.5 * crowd + 0.25 + 0.25 * steady
+        return host_score(leases, change, start, duration)
 
     def _ranking(self, start: float, duration: float) -> list[tuple[float, int]] | None:
         """Every node of the live table as (-score, node), sorted, for one start and duration: kept across
@@ -263,10 +255,7 @@ class Mapper(PlanBook):
         key = (start, duration)
         got = self._rankings.get(key)
         if got is None:
-            if key not in self._asked:
-                self._asked[key] = None
-                if len(self._asked) > 4 * RANKINGS:
-                    self._asked.popitem(last=False)
+            if not _asked_before(self._asked, key, 4 * RANKINGS):
                 return None
             if len(self._rankings) >= RANKINGS:
                 _, old = self._rankings.popitem(last=False)
@@ -286,6 +275,25 @@ class Mapper(PlanBook):
             # at t until `change`, so the count is the same and the first change after t' is still `change`.
             got = self._views[node] = (t, change, leases, change)
         return got[2], got[3]
+
+
+def host_score(leases: int, change: float, start: float, duration: float) -> float:
+    """Haizea's greedy host score (SEMANTICS §4.1) from a node's summary at `start`: fewer leases there, and a
+    longer spell before the node changes, score higher; 1.0 at most. Summaries.order is its vectorised form."""
+    crowd = (4 - min(leases, 4)) / 4
+    steady = 1.0 if change == math.inf or duration <= 0 else min(1.0, (change - start) / duration)
+    return 0.5 * crowd + 0.25 + 0.25 * steady
+
+
+def _asked_before(asked: OrderedDict, key: Hashable, bound: int) -> bool:
+    """Whether `key` was asked for before; if not, it is remembered (the oldest forgotten past `bound`). The kept
+    rankings and score columns are built from a key's second ask on: most keys are asked once."""
+    if key in asked:
+        return True
+    asked[key] = None
+    if len(asked) > bound:
+        asked.popitem(last=False)
+    return False
 
 
 class Ranking:
