@@ -327,8 +327,9 @@ def daphne_env(database_url: str, conn_max_age: int | None, pool: bool = True) -
     CONN_MAX_AGE: how the suggested fix for the connection pile-up was measured without touching the project.
     `pool=False`: without the connection pool (DB_POOL=0)."""
     env = bench_env(database_url)
-    if not pool:
-        env["DB_POOL"] = "0"
+    # Said either way: a benchmark process may have turned the pool off for itself (the burst does, to copy its
+    # template database), and a Daphne inheriting that ran without the pool the project configures by default.
+    env["DB_POOL"] = "1" if pool else "0"
     if conn_max_age is None:
         return env
     SHIM.mkdir(exist_ok=True)
