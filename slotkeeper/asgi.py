@@ -2,13 +2,17 @@
 
 import os
 
+import django
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
-from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "slotkeeper.settings")
+django.setup(set_prefix=False)  # what get_asgi_application() does before building its handler
+
+from slotkeeper.handler import OneHopASGIHandler  # noqa: E402
+
 # Daphne serves the console's few static files itself (with DEBUG off too), so a deployment needs no separate
 # file server; a CDN or nginx in front may still cache /static/.
-django_asgi_app = ASGIStaticFilesHandler(get_asgi_application())
+django_asgi_app = ASGIStaticFilesHandler(OneHopASGIHandler())
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402

@@ -11,12 +11,14 @@ from django.http import JsonResponse
 
 
 class DualModeMiddleware:
-    """A middleware that runs async under Daphne and sync under the test client, as every one of ours must.
+    """A middleware that runs in either mode, as every one of ours must: sync under the test client and under
+    Daphne (whose handler enters the whole stack once, synchronously: slotkeeper/handler.py), async under Django's
+    own ASGI handler (`get_asgi_application()`, which some tests call).
 
-    One sync-only middleware makes Django hop thread -> loop -> thread for every request (async_to_sync around the
-    rest of the stack), and a request thread caught in that hop when Daphne's loop stopped waited for the stopped
-    loop forever: a SIGTERM'd Daphne then only ended by slotkeeper.shutdown's deadline. Subclasses override
-    `sync_call` and `__acall__` (both pass the request on by default)."""
+    In an async stack, one sync-only middleware makes Django hop thread -> loop -> thread for every request
+    (async_to_sync around the rest of the stack), and a request thread caught in that hop when Daphne's loop
+    stopped waited for the stopped loop forever: a SIGTERM'd Daphne then only ended by slotkeeper.shutdown's
+    deadline. Subclasses override `sync_call` and `__acall__` (both pass the request on by default)."""
 
     sync_capable = True
     async_capable = True

@@ -19,7 +19,9 @@ class ProbeMiddleware(DualModeMiddleware):
     """Answers /healthz and /readyz before the Host check: a kubelet probes by pod IP, which is (rightly) not in
     ALLOWED_HOSTS, and a 400 there would keep every web pod out of rotation.
 
-    Async under Daphne, like every middleware of the stack (see slotkeeper.middleware.DualModeMiddleware)."""
+    Sync or async as the stack is (slotkeeper.middleware.DualModeMiddleware); under Daphne, sync, inside the one
+    hand-off the handler makes per request (slotkeeper/handler.py), so a probe costs what it did when this
+    middleware ran async and handed the probe itself to a thread."""
 
     def sync_call(self, request):
         probe = _PROBES.get(request.path)
