@@ -21,10 +21,17 @@ def role_of(user) -> str | None:
     cached = getattr(user, "_slotkeeper_role", None)
     if cached is not None:
         return cached or None
-    names = set(user.groups.values_list("name", flat=True))
-    role = next((r for r in reversed(ROLES) if r in names), "viewer" if user.is_staff else "")
-    user._slotkeeper_role = role
-    return role or None
+    remember_groups(user, user.groups.values_list("name", flat=True))
+    return user._slotkeeper_role or None
+
+
+def remember_groups(user, names) -> None:
+    """Keeps on `user` the role its group `names` give, for `role_of` (which then asks no query): for a caller
+    that read them along with the user, as the API token check does."""
+    names = set(names)
+    user._slotkeeper_role = next(
+        (r for r in reversed(ROLES) if r in names), "viewer" if user.is_staff else ""
+    )
 
 
 def has_role(user, needed: str) -> bool:

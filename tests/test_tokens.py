@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 from django.utils import timezone
 
+from slotkeeper.auth import authenticate_token
 from slotkeeper.domain import DomainError
 from slotkeeper.models import ApiToken, AuditEntry, hash_token
-from slotkeeper.roles import role_of
+from slotkeeper.roles import has_role, role_of
 from slotkeeper.tokens import do_issue_token
 
 pytestmark = pytest.mark.django_db
@@ -27,3 +28,36 @@ def test_an_unknown_role_is_refused_and_nothing_is_written():
     with pytest.raises(DomainError, match="unknown role"):
         do_issue_token(None, "integration", "root", now=timezone.now())
     assert not ApiToken.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("groups", "staff", "role"),
+    [(["viewer", "operator"], False, "operator"), (["admin", "viewer"], False, "admin"), ([], True, "viewer"),
+     ([], False, None)],
+)  # fmt: skip
+def test_a_token_check_reads_token_user_and_role_in_one_query(django_assert_num_queries, groups, staff, role):
+    from django.contrib.auth.models import Group, User
+
+    user = User.objects.create(username="multi", is_staff=staff)
+    user.groups.set([Group.objects.get_or_create(name=name)[0] for name in groups])
+    do_issue_token(None, "other", "viewer", now=timezone.now())  # a second user's token beside it
+    raw = "skt_" + "x" * 40
+    ApiToken.objects.create(user=user, digest=hash_token(raw))
+    with django_assert_num_queries(1):
+        principal, token = authenticate_token(raw)
+        assert role_of(principal) == role
+        assert has_role(principal, "viewer") is (role is not None)
+    assert principal == user and token.user_id == user.pk
+
+
+def test_a_revoked_token_or_an_inactive_user_does_not_authenticate():
+    raw = do_issue_token(None, "gone", "operator", now=timezone.now())
+    token = ApiToken.objects.get(digest=hash_token(raw))
+    assert authenticate_token(raw) is not None
+    token.user.is_active = False
+    token.user.save()
+    assert authenticate_token(raw) is None
+    token.user.is_active = True
+    token.user.save()
+    ApiToken.objects.filter(pk=token.pk).update(revoked_at=timezone.now())
+    assert authenticate_token(raw) is None
