@@ -24,6 +24,8 @@ Variants, each from the same fleet:
   keep-alive connections (the asyncio client of the heartbeat benchmark), all requests queued at once. Before
   the burst the same processes answer `GET /healthz` for 5 s over the same connections: the requests a second
   are also printed as a share of that rate (issue 12's target: at least 0.25).
+- http x 2 minimal: the same, every request sent with `Prefer: return=minimal` (the answer carries its report's
+  summary, counts and link instead of every node's verdict).
 
 - batched xB (`--batched B`): the suggested group commit, approximated from outside the application: B requests
   share one planning pass. No audit row, report or event per lease, so it is a ceiling for that fix (see
@@ -417,17 +419,20 @@ def batched_ceiling(asks: list[Ask], batch: int) -> Burst:
 # --- over HTTP: two Daphne processes -----------------------------------------------------------------------------
 
 
-def lease_request(ask: Ask, token: str) -> bytes:
+def lease_request(ask: Ask, token: str, minimal: bool = False) -> bytes:
     from django.utils import timezone
 
     body = json.dumps(ask.body(timezone.now())).encode()
+    prefer = "Prefer: return=minimal\r\n" if minimal else ""
     return (
-        f"POST /api/leases/ HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n"
+        f"POST /api/leases/ HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n{prefer}"
         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
     ).encode() + body
 
 
-async def http_burst(ports: list[int], asks: list[Ask], token: str, connections: int) -> Burst:
+async def http_burst(
+    ports: list[int], asks: list[Ask], token: str, connections: int, minimal: bool = False
+) -> Burst:
     """Every request queued at once; `connections` keep-alive connections spread over `ports` each take the next
     one as soon as their previous answer is in."""
     burst, pending = Burst(), list(reversed(asks))
@@ -439,7 +444,7 @@ async def http_burst(ports: list[int], asks: list[Ask], token: str, connections:
             ask = pending.pop()
             t = time.perf_counter()
             try:
-                status = await exchange(reader, writer, lease_request(ask, token))
+                status = await exchange(reader, writer, lease_request(ask, token, minimal))
             except (asyncio.IncompleteReadError, ConnectionError):
                 burst.answers["dropped"] += 1
                 writer.close()
@@ -455,7 +460,9 @@ async def http_burst(ports: list[int], asks: list[Ask], token: str, connections:
     return burst
 
 
-def over_http(database_url: str, asks: list[Ask], token: str, processes: int, connections: int) -> Burst:
+def over_http(
+    database_url: str, asks: list[Ask], token: str, processes: int, connections: int, minimal: bool = False
+) -> Burst:
     import psutil
 
     started = [start_daphne(database_url, LOG, None) for _ in range(processes)]
@@ -466,7 +473,7 @@ def over_http(database_url: str, asks: list[Ask], token: str, processes: int, co
         # does nothing (the issue's yardstick for lease requests a second).
         floor = asyncio.run(http_load(ports, [HEALTHZ], connections, FLOOR_S))
         cpu = sum(sum(p.cpu_times()[:2]) for p in procs)
-        burst = asyncio.run(http_burst(ports, asks, token, connections))
+        burst = asyncio.run(http_burst(ports, asks, token, connections, minimal))
         burst.cpu_s = sum(sum(p.cpu_times()[:2]) for p in procs) - cpu
         burst.floor_per_s = floor.per_s
     finally:
@@ -631,9 +638,13 @@ def main() -> None:
             for w in counts
         ]
     if args.only in (None, "http"):
-        variants.append(
-            (f"http x{args.workers}", lambda: over_http(url, asks, token, args.workers, args.connections))
-        )
+        variants += [
+            (
+                f"http x{args.workers}{' minimal' if minimal else ''}",
+                lambda minimal=minimal: over_http(url, asks, token, args.workers, args.connections, minimal),
+            )
+            for minimal in (False, True)
+        ]
     if args.batched:
         variants.append((f"batched x{args.batched}", lambda: batched_ceiling(asks, args.batched)))
     passed = True

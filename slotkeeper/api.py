@@ -80,3 +80,20 @@ def exception_handler(exc, context):
 
 def conflict_response(message: str, **extra) -> Response:
     return Response({"detail": message, **extra}, status=status.HTTP_409_CONFLICT)
+
+
+def prefers_minimal(request) -> bool:
+    """Whether the request asks for `Prefer: return=minimal` (RFC 7240 §4.2): preferences are comma-separated,
+    each `token[=value]` with optional `;parameters`; tokens are case-insensitive and a value may be quoted.
+    Unknown preferences are ignored, as the RFC asks."""
+    for preference in request.headers.get("Prefer", "").split(","):
+        token, _, value = preference.split(";", 1)[0].partition("=")
+        if token.strip().lower() == "return" and value.strip().strip('"').lower() == "minimal":
+            return True
+    return False
+
+
+def minimal_applied(response: Response) -> Response:
+    """Marks an answer shaped by `Prefer: return=minimal` (RFC 7240 §3), and one that may be, for caches."""
+    response["Preference-Applied"] = "return=minimal"
+    return response

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from django.db.models import Q
 from django.utils import timezone
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    PolymorphicProxySerializer,
+    extend_schema,
+)
 from rest_framework import status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
@@ -14,6 +19,7 @@ from leases import actions, reads
 from leases.api import serializers as s
 from leases.lifecycle import LeaseState
 from leases.models import Lease, Reservation
+from slotkeeper.api import minimal_applied, prefers_minimal
 from slotkeeper.auth import IsOperator, IsViewer
 from slotkeeper.domain import NotFound
 
@@ -48,10 +54,28 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
 
     @extend_schema(
         request=s.LeaseCreateSerializer,
+        parameters=[
+            OpenApiParameter(
+                "Prefer",
+                str,
+                OpenApiParameter.HEADER,
+                enum=["return=minimal", "return=representation"],
+                description="`return=minimal` (RFC 7240): the answer leaves out the per-node verdicts of the "
+                "decision's report (about 330 KiB at 1,000 nodes) and, on a 201, the lease's reservations and "
+                "history; it gives the report's summary, counts, chosen nodes and URL instead, and carries "
+                "`Preference-Applied: return=minimal`. Without it, the full answer.",
+            )
+        ],
         responses={
-            201: s.LeaseDetailSerializer,
+            201: PolymorphicProxySerializer(
+                component_name="LeaseCreated",
+                serializers=[s.LeaseDetailSerializer, s.LeaseMinimalSerializer],
+                resource_type_field_name=None,
+            ),
             409: OpenApiResponse(
-                description="an advance reservation or immediate lease that cannot be placed"
+                description="an advance reservation or immediate lease that cannot be placed: `detail`, "
+                "`lease`, `state`, and the report's `verdicts` (with `Prefer: return=minimal`, `report`: its "
+                "summary, counts and URL, instead)"
             ),
             500: OpenApiResponse(
                 description="the scheduler could not plan the lease and isolated it (state failed, with the "
@@ -65,21 +89,25 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
         ser.is_valid(raise_exception=True)
         spec = actions.LeaseSpec.from_request(ser.validated_data)
         result = actions.do_submit_lease(request.user, spec, now=now)
-        body = s.plain(s.LeaseDetailSerializer, result.lease)
+        minimal = prefers_minimal(request)
         if not result.decision.accepted:
             # Rejected is the scheduler's answer (409); failed means it could not plan the lease at all, which
             # is the server's fault, not a conflict the client can resolve.
             failed = result.decision.state == LeaseState.FAILED
-            return Response(
-                {
-                    "detail": result.decision.message,
-                    "lease": result.lease.pk,
-                    "state": result.lease.state,
-                    "verdicts": result.report.rows,
-                },
-                status=status.HTTP_500_INTERNAL_SERVER_ERROR if failed else status.HTTP_409_CONFLICT,
-            )
-        return Response(body, status=status.HTTP_201_CREATED)
+            body = {"detail": result.decision.message, "lease": result.lease.pk, "state": result.lease.state}
+            if minimal:
+                body["report"] = s.plain(s.ReportSummarySerializer, result.report)
+            else:
+                body["verdicts"] = result.report.rows
+            code = status.HTTP_500_INTERNAL_SERVER_ERROR if failed else status.HTTP_409_CONFLICT
+        elif minimal:
+            # The lease as the pass left it and the report the pass wrote: both already read, nothing read again.
+            body = s.LeaseMinimalSerializer.answer(result.lease, result.report)
+            code = status.HTTP_201_CREATED
+        else:
+            body, code = s.plain(s.LeaseDetailSerializer, result.lease), status.HTTP_201_CREATED
+        response = Response(body, status=code, headers={"Vary": "Prefer"})
+        return minimal_applied(response) if minimal else response
 
     @extend_schema(request=s.CancelSerializer, responses={200: s.LeaseDetailSerializer})
     @action(detail=True, methods=["post"])

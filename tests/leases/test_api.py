@@ -9,6 +9,7 @@ from django.db.models import Count
 from django.utils import timezone
 
 from fleet import actions as fleet_actions
+from leases.api import serializers as s
 from leases.instances.actions import nodes as node_actions
 from leases.instances.actions import periodic
 from leases.models import Allocation, Lease, Reservation
@@ -318,3 +319,58 @@ def test_a_queued_lease_carries_its_estimated_start_and_a_lease_that_cannot_fit_
     operator.post(f"/api/leases/{blocker['id']}/cancel")
     after = Lease.objects.get(pk=short["id"])
     assert after.state != "queued" and after.estimated_start is None
+
+
+def submit_minimal(client, prefer="return=minimal", **body):
+    payload = {"name": "job", "type": "best_effort", "duration_s": 3600, "nodes": [vm()], **body}
+    return client.post("/api/leases/", payload, format="json", headers={"Prefer": prefer})
+
+
+def test_a_lease_request_preferring_a_minimal_answer_gets_the_report_without_its_verdicts(
+    operator, viewer, fleet
+):
+    response = submit_minimal(operator)
+    assert response.status_code == 201, response.content
+    assert response.headers["Preference-Applied"] == "return=minimal"
+    assert "Prefer" in response.headers["Vary"]
+    body = response.json()
+    assert set(body) == set(s.LeaseMinimalSerializer().fields)
+    assert body["state"] == "active"
+    report = body["placement_report"]
+    assert "verdicts" not in report and "reservations" not in body
+    assert report["outcome"] == "placed" and report["chosen"] and report["counts"]["evaluated"] == 4
+    # The link reads the whole report: the same decision, every node's verdict in it.
+    full = viewer.get(report["url"]).json()
+    assert full["id"] == report["id"] and full["subject"] == f"lease:{body['id']}"
+    assert len(full["verdicts"]) == 4 and full["summary"] == report["summary"]
+    # The full answer of the same lease carries that report, verdicts and all.
+    detail = operator.get(f"/api/leases/{body['id']}/").json()
+    assert detail["placement_reports"][0]["id"] == report["id"]
+    assert {k: detail[k] for k in LEASE_FIELDS} == {k: body[k] for k in LEASE_FIELDS}
+
+
+LEASE_FIELDS = ("id", "name", "type", "state", "submitted_at", "nodes", "message", "groups")
+
+
+def test_a_rejected_request_preferring_a_minimal_answer_is_a_409_with_the_reports_summary(operator, fleet):
+    assert submit(operator, type="immediate", nodes=[vm(mem=8192)] * 4).status_code == 201
+    response = submit_minimal(operator, prefer='respond-async, RETURN="minimal"; x=1', type="immediate")
+    assert response.status_code == 409
+    assert response.headers["Preference-Applied"] == "return=minimal"
+    body = response.json()
+    assert set(body) == {"detail", "lease", "state", "report"}
+    assert body["state"] == "rejected" and body["report"]["outcome"] == "rejected"
+    assert body["report"]["counts"]["evaluated"] == 4 and body["report"]["counts"]["fit"] == 0
+    assert body["report"]["url"] == f"/api/placement/reports/{body['report']['id']}/"
+
+
+@pytest.mark.parametrize(
+    "prefer", ["", "return=representation", "minimal", "return=minimalist", "handling=lenient"]
+)
+def test_without_a_minimal_preference_the_answer_is_whole(operator, fleet, prefer):
+    response = submit_minimal(operator, prefer=prefer)
+    assert response.status_code == 201
+    assert "Preference-Applied" not in response.headers
+    body = response.json()
+    assert body["reservations"] and body["history"]
+    assert len(body["placement_reports"][0]["verdicts"]) == 4
