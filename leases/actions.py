@@ -99,8 +99,7 @@ def do_submit_lease(actor, spec: LeaseSpec, *, now: datetime) -> Submitted:
         )
         if spec.groups:
             lease.groups.set(Group.objects.filter(name__in=spec.groups))
-    store.await_decision(lease.pk, now)
-    lease.refresh_from_db()
+    lease = store.await_decision(lease.pk, now)
     # The report the pass wrote when it decided this request: the first one about the lease (a later pass may add
     # "placed by the queue" reports, which are not this request's answer).
     report = PlacementReport.objects.filter(subject=f"lease:{lease.pk}").order_by("id").first()

@@ -742,8 +742,9 @@ def _reject_unplannable(lease: Lease, reason: str, now: datetime) -> None:
 _pass_turn = threading.Lock()
 
 
-def await_decision(lease_id: int, now: datetime) -> None:
-    """Returns once a planning pass has decided the lease request `lease_id` (stored in state `new`): whoever holds
+def await_decision(lease_id: int, now: datetime) -> Lease:
+    """Returns the lease row once a planning pass has decided the request `lease_id` (stored in state `new`),
+    read as that pass left it, in the same query that finds it decided: whoever holds
     the plan lock plans every waiting request, so this caller either runs that pass itself (the lock was free) or
     sleeps until a pass commits (planwake) and looks again. Bounded: when no pass has committed for
     PLAN_LOCK_TIMEOUT_S it waits for the lock as every other writer does, and if even that times out it withdraws
@@ -752,13 +753,15 @@ def await_decision(lease_id: int, now: datetime) -> None:
     if transaction.get_connection().in_atomic_block:
         # Inside a caller's transaction the intent is invisible to other processes: plan it here, in it.
         with planning(now):
-            return
+            pass
+        return Lease.objects.get(pk=lease_id)
     began = time.monotonic()
     deadline = began + planlock.timeout_s()
     while True:
         ticket = planwake.ticket()
-        if not Lease.objects.filter(pk=lease_id, state=LeaseState.NEW).exists():
-            return
+        lease = Lease.objects.get(pk=lease_id)  # a request deleted meanwhile raises, as before it was decided
+        if lease.state != LeaseState.NEW:
+            return lease
         # A pass run after a wait plans at the time it runs, not at the time the request came in.
         at = now + timedelta(seconds=time.monotonic() - began) if time.monotonic() - began > 0.05 else now
         if time.monotonic() >= deadline:

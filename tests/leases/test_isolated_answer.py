@@ -44,7 +44,11 @@ def fails_when_it_starts(monkeypatch):
 def isolated_by_the_tick(monkeypatch):
     """The tick's pass picks the request up (its report says placed) and then, while it runs the tick's part,
     isolates the lease: the waiter reads a failed lease whose only report says "placed"."""
-    monkeypatch.setattr(store, "await_decision", lambda lease_id, now: actions.advance(now))
+    monkeypatch.setattr(
+        store,
+        "await_decision",
+        lambda lease_id, now: (actions.advance(now), Lease.objects.get(pk=lease_id))[1],
+    )
     real = Scheduler.advance
 
     def advance(self, now, excluded=None, *, run_queue=True):
