@@ -246,3 +246,26 @@ def test_the_swept_summary_is_the_summary_summed_at_every_point(seed):
     for node in s.table.nodes:
         for t in instants:
             assert mapper.summary_span(s.table, node, t) == summary_span_reference(s.table, node, t)
+
+
+def test_the_idle_nodes_leading_the_order_are_those_large_enough_in_every_dimension():
+    # Nodes 1-2 small, 3-4 large; node 4 without network. The idle nodes lead only where the smallest vnode fits
+    # when empty: in cpu, memory and disk (tested over the whole fleet at once) and in the network dimensions.
+    sizes = {1: Res(100, 1024, 10, 100, 100), 2: Res(100, 1024, 10, 100, 100)}
+    sizes |= {3: Res(800, 16384, 80, 100, 100), 4: Res(800, 16384, 80, 0, 0)}
+    s = Scheduler(sizes, SchedulerConfig())
+    for k, (vm, leading) in enumerate(
+        [
+            (Res(50, 512, 5), [1, 2, 3, 4]),
+            (Res(400, 512, 5), [3, 4]),
+            (Res(50, 2048, 5), [3, 4]),
+            (Res(50, 512, 20), [3, 4]),
+            (Res(50, 512, 5, 50, 0), [1, 2, 3]),
+            (Res(400, 512, 5, 0, 50), [3]),
+            (Res(900, 512, 5), []),
+        ]
+    ):
+        req = LeaseRequest(10 + k, "best_effort", 0, None, 600, (vm,))  # the mapper memoises per lease id
+        order = HostOrder(s, req, 0, 600)
+        assert order.tried() == leading, vm
+        assert list(HostOrder(s, req, 0, 600)) == s._sorted_hosts(s.table, req, 0, 600, None), vm
