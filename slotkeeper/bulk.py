@@ -17,8 +17,10 @@ execute_wrappers (query counting, debug logs).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
 
+from django.conf import settings
 from django.db import connection, models
 
 
@@ -98,10 +100,11 @@ def insert_many(objs: Sequence[models.Model]) -> Sequence[models.Model]:
 
 
 def _set_pks(objs: Sequence[models.Model], rows: list) -> None:
+    alias = connection.alias  # read once: each read goes through the connection proxy's thread-local lookup
     for obj, (pk,) in zip(objs, rows, strict=True):
         obj.pk = pk
         obj._state.adding = False
-        obj._state.db = connection.alias
+        obj._state.db = alias
 
 
 def _unnest(types: Sequence[str]) -> str:
@@ -123,11 +126,11 @@ def _columns(fields: Sequence, objs: Sequence[models.Model], *, insert: bool) ->
     prep = connection
     out = []
     for f in fields:
-        plain = _plain(f)
-        if plain is not None:
+        unchanged = _unchanged(f)
+        if unchanged is not None:
             # The plain fields' pre_save is Field.pre_save: the attribute itself.
             column = [getattr(obj, f.attname) for obj in objs]
-            if all(value is None or type(value) is plain for value in column):
+            if all(value is None or unchanged(value) for value in column):
                 out.append(column)
                 continue
         if insert:
@@ -161,6 +164,21 @@ def _plain(field) -> type | None:
     if type(field) in (models.ForeignKey, models.OneToOneField):
         return _PLAIN_TYPES.get(type(field.target_field)) if field.target_field.primary_key else None
     return _PLAIN_TYPES.get(type(field))
+
+
+def _unchanged(field) -> Callable[[object], bool] | None:
+    """A test of the values `field` hands on to PostgreSQL unchanged (None is always handed on), or None.
+
+    Besides the plain types: an aware `datetime` in a DateTimeField without auto_now(_add), which the field only
+    checks for awareness and PostgreSQL's operations hand on as they are (a naive one is made aware, with a
+    warning, so it is prepared); every row of a pass carries one or two, and preparing them was about a seventh
+    of writing a pass's rows (docs/BENCHMARKS.md, "Lease requests over HTTP: one hand-off per request")."""
+    plain = _plain(field)
+    if plain is not None:
+        return lambda value: type(value) is plain
+    if type(field) is models.DateTimeField and not (field.auto_now or field.auto_now_add) and settings.USE_TZ:
+        return lambda value: type(value) is datetime and value.tzinfo is not None
+    return None
 
 
 def _server_cursor():

@@ -177,10 +177,41 @@ def test_plain_values_skip_the_fields_preparation_and_the_rest_do_not(monkeypatc
         Field, "get_db_prep_save", lambda self, v, c: prepared.append(self.name) or real(self, v, c)
     )
     made = insert_many([report(i) for i in range(1, 11)])
-    assert sorted(set(prepared)) == ["chosen", "created_at", "request", "verdicts"]
-    assert len(prepared) == 40
+    assert sorted(set(prepared)) == ["chosen", "request", "verdicts"], "aware times are handed on as they are"
+    assert len(prepared) == 30
     prepared.clear()
     made[0].outcome = RescheduleStatus.APPLIED  # a TextChoices member: not exactly a str
     update_many(made, ["outcome", "message"])
     assert prepared == ["outcome"] * len(made), "a column with one value not plain is prepared whole"
     assert PlacementReport.objects.get(pk=made[0].pk).outcome == "applied"
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the PostgreSQL columns")
+@pytest.mark.filterwarnings("ignore:DateTimeField .* received a naive datetime")
+def test_a_naive_time_and_an_auto_now_time_are_still_prepared(monkeypatch, django_user_model):
+    from datetime import datetime, timedelta
+
+    from django.db.models import Field
+
+    from slotkeeper.models import ApiToken
+
+    prepared: list[str] = []
+    real = Field.get_db_prep_save
+    monkeypatch.setattr(
+        Field, "get_db_prep_save", lambda self, *a, **k: prepared.append(self.name) or real(self, *a, **k)
+    )
+    rows = [report(1), report(2)]
+    rows[1].created_at = datetime(
+        2026, 1, 2, 3, 4, 5
+    )  # naive: made aware in the current time zone, as before
+    made = insert_many(rows)
+    assert prepared.count("created_at") == 2, "a column with one naive time is prepared whole"
+    stored_at = PlacementReport.objects.get(pk=made[1].pk).created_at
+    assert stored_at == timezone.make_aware(datetime(2026, 1, 2, 3, 4, 5))
+    assert PlacementReport.objects.get(pk=made[0].pk).created_at == rows[0].created_at
+    prepared.clear()
+    user = django_user_model.objects.create(username="bulk-token")
+    before = timezone.now()
+    (token,) = insert_many([ApiToken(user=user, digest="d" * 64)])
+    assert "created_at" in prepared, "auto_now_add sets the time in pre_save"
+    assert before <= ApiToken.objects.get(pk=token.pk).created_at <= timezone.now() + timedelta(seconds=1)
