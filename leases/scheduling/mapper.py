@@ -395,8 +395,7 @@ class HostOrder:
     def tried(self) -> list[int]:
         """The nodes handed out so far, and the rest of the idle ones that lead the order (found without scoring
         anything): all of the order a report can rank without doing the mapper's work again."""
-        for node in self._leading:
-            self._given.append(node)
+        self._given.extend(self._leading)
         return list(self._given)
 
     def __iter__(self) -> Iterator[int]:
@@ -419,13 +418,15 @@ class HostOrder:
         # in Python was a twentieth of a submission's CPU in a burst on an empty fleet.
         idle = ~arrays.peak_over(start, start + duration).any(axis=1)
         idle &= (arrays.caps >= np.array((smallest.cpu, smallest.mem, smallest.disk), np.int64)).all(axis=1)
-        skipped = m._excluded.keys() | m._barred_of(req) if req.barred else m._excluded
-        network = smallest.net_in or smallest.net_out  # the dimensions the columns leave out, if asked for
-        for node in arrays.nodes[idle].tolist():
-            if node in skipped or (network and not smallest.fits_in(m._capacity[node])):
-                continue
-            self._lead.add(node)
-            yield node
+        skipped = m._excluded.keys() | m._barred_of(req) if req.barred else m._excluded.keys()
+        nodes = arrays.nodes[idle]
+        if skipped:
+            nodes = nodes[~np.isin(nodes, np.fromiter(skipped, np.int64, len(skipped)))]
+        lead = nodes.tolist()
+        if smallest.net_in or smallest.net_out:  # the dimensions the columns leave out, when asked for at all
+            lead = [node for node in lead if smallest.fits_in(m._capacity[node])]
+        self._lead.update(lead)  # read by _rest only, which runs once these are all handed out
+        yield from lead
 
     def _rest(self) -> Iterator[int]:
         m, req, start, duration = self._mapper, self._req, self._start, self._duration
