@@ -210,5 +210,6 @@ def estimate_context(start: datetime, end: datetime) -> dict:
         "estimates": rows,
         "estimates_more": more,
         "estimates_height": max(1, len(rows)) * ROW_H,
+        "row_h": ROW_H,  # each row's stripe and bar (the template drew them with an empty height without it)
         "unestimated": queued.filter(estimated_start__isnull=True).count(),
     }

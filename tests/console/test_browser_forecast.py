@@ -71,4 +71,10 @@ def test_the_lease_list_says_when_a_queued_lease_will_run(operator, console, req
     bar = page.locator(f"#slot-estimates [data-lease='{wide['id']}'] .bar.estimated")
     assert bar.count() == 1
     assert "estimated" in (bar.locator("title").text_content() or "")
+    # Drawn: the bar and its row's stripe have a height (both were height="", invisible, an SVG error logged).
+    assert float(bar.locator("rect").get_attribute("height") or 0) > 0
+    box = bar.locator("rect").bounding_box()
+    assert box is not None and box["height"] > 0
+    stripe = page.locator(f"#slot-estimates [data-lease='{wide['id']}'] rect.stripe")
+    assert float(stripe.get_attribute("height") or 0) > 0
     assert page.locator(f"#slot-table g.row[role=row] [data-lease='{wide['id']}']").count() == 0
