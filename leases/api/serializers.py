@@ -217,16 +217,14 @@ class ReportBriefSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class ReportSummarySerializer(serializers.ModelSerializer):
+class ReportSummarySerializer(ReportBriefSerializer):
     """A placement report without its per-node verdicts, and where to read them in full."""
 
-    summary = serializers.CharField(read_only=True)
-    counts = serializers.DictField(child=serializers.IntegerField(), read_only=True)
+    verdicts = None  # DRF's way of leaving out a field declared on the parent
     url = serializers.SerializerMethodField(help_text="The whole report, every node's verdict in it.")
 
-    class Meta:
-        model = PlacementReport
-        fields = ["id", "created_at", "outcome", "message", "summary", "counts", "chosen", "url"]
+    class Meta(ReportBriefSerializer.Meta):
+        fields = [*(f for f in ReportBriefSerializer.Meta.fields if f != "verdicts"), "url"]
         read_only_fields = fields
 
     def get_url(self, report) -> str:
