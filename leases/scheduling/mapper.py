@@ -415,7 +415,8 @@ class HostOrder:
         smallest = m._smallest_of(req)
         # Idle over the window and, empty, large enough for the smallest vnode in the columns' dimensions (cpu,
         # memory, disk), both over the whole fleet at once: a report lists every such node, and testing each one
-        # in Python was a twentieth of a submission's CPU in a burst on an empty fleet.
+        # in Python was about 7 % of a submission's CPU in a burst on an empty fleet (docs/BENCHMARKS.md, "Lease
+        # requests over HTTP: one hand-off per request", in the pass).
         idle = ~arrays.peak_over(start, start + duration).any(axis=1)
         idle &= (arrays.caps >= np.array((smallest.cpu, smallest.mem, smallest.disk), np.int64)).all(axis=1)
         skipped = m._excluded.keys() | m._barred_of(req) if req.barred else m._excluded.keys()
