@@ -21,7 +21,7 @@ from leases.scheduling.records import (
     ReservationRecord,
     Spec,
 )
-from leases.slottable import SlotTable
+from leases.slottable import Reservation, SlotTable
 
 
 class Preemption(Backfilling):
@@ -65,26 +65,59 @@ class Preemption(Backfilling):
         return [r.request.id for r in ok]
 
     def _minimal_victims(self, req: LeaseRequest, start: float, end: float, now: float) -> list[int]:
-        """Add the youngest candidates until the AR fits, then drop every one it still fits without."""
+        """Add the youngest candidates until the AR fits, then drop every one it still fits without.
+
+        On one scratch table, changed a lease at a time (its reservations taken out, or put back to try the AR
+        without it), never copied per try: the search was a copy and k removals per candidate, O(k^2), and with
+        every node stale a full fleet's thousands of candidates held the plan lock for minutes. A candidate with
+        nothing on a node the AR may use cannot change the mapper's answer (it ranks and packs only those nodes,
+        each by its own line), so no mapping is tried for it: it is never the one that makes the AR fit, and it
+        is always dropped again. The victims are the ones the copy-per-try search chose."""
+        scratch = self.table.copy()
+        usable = self._usable_for(req)
         chosen: list[int] = []
+        freed: dict[int, list[Reservation]] = {}
         for lid in self._candidates(req, start, end):
             chosen.append(lid)
-            if self._map(self._without(chosen, start), req, start, end, True, None) is not None:
+            freed[lid] = self._take_out(scratch, lid, start)
+            if (
+                self._touches(freed[lid], usable)
+                and self._map(scratch, req, start, end, True, None) is not None
+            ):
                 break
         else:
             return []
         for lid in reversed(list(chosen)):
-            rest = [c for c in chosen if c != lid]
-            if self._map(self._without(rest, start), req, start, end, True, None) is not None:
-                chosen = rest
+            if not self._touches(freed[lid], usable):
+                chosen.remove(lid)
+                continue
+            for r in freed[lid]:
+                scratch.add(r)
+            if self._map(scratch, req, start, end, True, None) is not None:
+                chosen.remove(lid)
+            else:
+                for r in freed[lid]:
+                    scratch.remove(r.rid)
         return chosen
+
+    def _usable_for(self, req: LeaseRequest) -> frozenset[int] | None:
+        """The nodes the mapper may place `req` on, or None for every node of the table."""
+        if not self._excluded and not req.barred:
+            return None
+        ruled_out = self._excluded.keys() | self._barred_of(req) if req.barred else self._excluded.keys()
+        return frozenset(n for n in self.table.nodes if n not in ruled_out)
+
+    @staticmethod
+    def _touches(freed: list[Reservation], usable: frozenset[int] | None) -> bool:
+        return any(usable is None or not usable.isdisjoint(r.alloc) for r in freed)
+
+    def _take_out(self, scratch: SlotTable, lease_id: int, after: float) -> list[Reservation]:
+        return [scratch.remove(r.rid) for r in self.leases[lease_id].chain() if r.end > after]
 
     def _without(self, lease_ids: Iterable[int], after: float) -> SlotTable:
         scratch = self.table.copy()
         for lid in lease_ids:
-            for r in self.leases[lid].chain():
-                if r.end > after:
-                    scratch.remove(r.rid)
+            self._take_out(scratch, lid, after)
         return scratch
 
     def _preempt(self, rec: LeaseRecord, at: float, now: float) -> None:
