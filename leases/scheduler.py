@@ -338,7 +338,7 @@ class Scheduler(Explaining):
     def _placement_message(self, rec: LeaseRecord) -> str:
         vm = rec.current_vm()
         if rec.state in (_S.QUEUED, _S.SUSPENDED_QUEUED):
-            return f"lease {rec.request.id} queued at position {self.queue.index(rec.request.id) + 1}"
+            return f"lease {rec.request.id} queued at position {self.queue_position(rec.request.id)}"
         if vm is None:
             return f"lease {rec.request.id} is {rec.state}"
         nodes = ", ".join(sorted(self.node_label(n) for n in set(vm.nodes.values())))

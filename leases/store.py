@@ -116,6 +116,8 @@ def barred_nodes(
     """(node id, "code: sentence") for each node the lease may never use: a capability it lacks, or a hard group
     rule that forbids it (the same rule the approval and the agent's late check apply)."""
     need = set(capabilities)
+    if not need and not any(group.members for group in groups):
+        return ()  # most leases: nothing bars a node (was a dict of every node's name per lease)
     names = {n.id: n.name for n in nodes}
     out: dict[int, str] = {}
     for node in nodes:

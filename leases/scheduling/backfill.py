@@ -64,6 +64,7 @@ class Backfilling(Mapper):
                     continue
                 room.clear()
                 self._commit(rec, plan, now)
+                self._queue_keys.pop(entry[2], None)
             except Exception as exc:
                 room.clear()
                 self._contain(rec, now, exc)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 import math
-from bisect import insort
+from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 
@@ -70,6 +70,8 @@ class PlanBook:
         self.leases: dict[int, LeaseRecord] = {}
         self._queue: list[tuple[float, int, int]] = []  # (submit, seq, lease id): FCFS by submit time
         self._seq = 0
+        # Each queued lease's entry in `_queue`, for its position without a scan (stale once it left: checked).
+        self._queue_keys: dict[int, tuple[float, int, int]] = {}
         self._records: dict[int, ReservationRecord] = {}
         self._next_rid = 1
         self._events: list[tuple[float, int, int, int]] = []  # (time, phase, tiebreak, rid)
@@ -174,7 +176,18 @@ class PlanBook:
 
     def _enqueue(self, rec: LeaseRecord) -> None:
         self._seq += 1
-        insort(self._queue, (rec.request.submit, self._seq, rec.request.id))
+        key = self._queue_keys[rec.request.id] = (rec.request.submit, self._seq, rec.request.id)
+        insort(self._queue, key)
+
+    def queue_position(self, lease_id: int) -> int:
+        """The 1-based place of a queued lease in the queue: a bisection on its entry, not a scan of the queue
+        (a burst's decision messages ask it of thousands of queued leases)."""
+        key = self._queue_keys.get(lease_id)
+        if key is not None:
+            i = bisect_left(self._queue, key)
+            if i < len(self._queue) and self._queue[i] == key:
+                return i + 1
+        return self.queue.index(lease_id) + 1
 
     def forget(self, lease_id: int) -> None:
         """Drops a lease and its reservations as if it had never been restored, so that `restore` can take it
@@ -213,6 +226,7 @@ class PlanBook:
 
     def _drop_from_queue(self, lease_id: int) -> None:
         self._queue = [q for q in self._queue if q[2] != lease_id]
+        self._queue_keys.pop(lease_id, None)
 
     def _isolate(self, rec: LeaseRecord, now: float, reason: str) -> None:
         """Take a lease the scheduler cannot handle out of the plan: its reservations leave the table, it leaves
