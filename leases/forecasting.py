@@ -89,6 +89,13 @@ def refresh(
     if changed or signature != state.forecast_signature:
         # Whatever is being computed from an earlier snapshot describes a plan that is gone: it must not be written.
         state.forecast_stale = True
+    if not queue and signature == state.forecast_signature:
+        # The forecast last taken was of an empty queue too (the signature holds the queue): it cleared every
+        # estimate and there is none to make, so the pass reads no lease and writes none (a burst that queues
+        # nothing paid both in every pass). A forecast still being computed from an older snapshot is dropped.
+        _taken(state, signature)
+        state.forecast_at = now
+        return None
     old = state.forecast_at is None or (now - state.forecast_at).total_seconds() >= EVERY_S
     if not (state.forecast_stale or old):
         return None

@@ -57,6 +57,36 @@ def test_an_unchanged_forecast_writes_nothing_and_runs_again_after_a_minute(oper
     assert Lease.objects.get(pk=queued["id"]).estimated_start == estimate
 
 
+def test_passes_with_an_empty_queue_forecast_nothing_once_the_estimates_are_cleared(
+    operator, fleet, monkeypatch
+):
+    """A burst that queues nothing paid a forecast and a read of the leases with estimates in every pass."""
+    submit(operator, type="immediate", nodes=[vm(mem=8192)] * 4)
+    submit(operator)
+    queued = submit(operator)
+    assert Lease.objects.get(pk=queued["id"]).estimated_start is not None
+    runs = []
+    real_forecast = forecasting.forecast
+    monkeypatch.setattr(forecasting, "forecast", lambda *a, **k: runs.append(1) or real_forecast(*a, **k))
+    for lease in Lease.objects.filter(state__in=["queued", "ready", "active"]).order_by("-pk"):
+        operator.post(f"/api/leases/{lease.pk}/cancel/")
+    assert runs  # the queue emptied: the forecast ran and cleared the estimate
+    lease = Lease.objects.get(pk=queued["id"])
+    assert (lease.estimated_start, lease.estimate_note) == (None, "")
+    runs.clear()
+    placed = submit(operator)
+    assert placed["state"] in ("ready", "active")
+    submit(operator)
+    assert runs == []  # two passes that changed the plan, the queue empty before and after: no forecast
+    assert not Lease.objects.exclude(estimated_start=None).exists()
+    assert submit(operator, type="immediate", nodes=[vm(mem=8192)] * 2)["state"] != "rejected"  # fleet full
+    submit(operator)  # the one future reservation
+    waiting = submit(operator)
+    assert runs  # the queue is no longer empty: forecast again
+    assert waiting["state"] == "queued"
+    assert Lease.objects.get(pk=waiting["id"]).estimated_start is not None
+
+
 # -- a large queue: snapshot under the lock, forecast outside it, written by compare-and-swap -------------------
 
 
