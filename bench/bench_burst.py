@@ -27,6 +27,10 @@ Variants, each from the same fleet:
 - http x 2 minimal: the same, every request sent with `Prefer: return=minimal` (the answer carries its report's
   summary, counts and link instead of every node's verdict).
 
+- stored: every request stored as an intent at once (a lease in state `new`, as `do_submit_lease` stores it),
+  then planning passes run, as the tick runs them, until none is left: the application's own group commit at its
+  largest batches (`store.MAX_BATCH`), with every report, audit row, alert and event, and none of the requests'
+  own costs (the intent's transaction, the wait, the answer). The floor under every concurrent variant.
 - batched xB (`--batched B`): the suggested group commit, approximated from outside the application: B requests
   share one planning pass. No audit row, report or event per lease, so it is a ceiling for that fix (see
   `batched_ceiling`).
@@ -416,6 +420,44 @@ def batched_ceiling(asks: list[Ask], batch: int) -> Burst:
     return burst
 
 
+def stored_ceiling(asks: list[Ask]) -> Burst:
+    """Every request stored as an intent first, then planning passes until every one is decided (see the module
+    docstring). A request's latency is the time from the start to the commit of the pass that decided it."""
+    from django.contrib.auth import get_user_model
+    from django.utils import timezone
+
+    from leases import store
+    from leases.models import Lease, LeaseState
+
+    actor = get_user_model().objects.get(username=OPERATOR)
+    now = timezone.now()
+    Lease.objects.bulk_create(
+        Lease(
+            name=a.name,
+            type=a.type,
+            submitted_at=now,
+            requested_start=a.start(now),
+            duration_s=a.duration_s,
+            vnodes=a.nodes(),
+            submitted_by=actor,
+        )
+        for a in asks
+    )
+    burst = Burst()
+    started, cpu = time.perf_counter(), time.process_time()
+    waiting = len(asks)
+    while waiting:
+        with store.planning(timezone.now()):
+            pass
+        left = Lease.objects.filter(state=LeaseState.NEW).count()
+        burst.latencies.extend([time.perf_counter() - started] * (waiting - left))
+        waiting = left
+    burst.elapsed, burst.cpu_s = time.perf_counter() - started, time.process_time() - cpu
+    decided = Lease.objects.exclude(state=LeaseState.NEW).values_list("state", flat=True)
+    burst.answers.update("rejected" if state == LeaseState.REJECTED else "accepted" for state in decided)
+    return burst
+
+
 # --- over HTTP: two Daphne processes -----------------------------------------------------------------------------
 
 
@@ -594,7 +636,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--only",
-        choices=["in-process", "threads", "http", "batched"],
+        choices=["in-process", "threads", "http", "stored", "batched"],
         default=None,
         help="run one variant (threads: only in-process x W x T)",
     )
@@ -645,6 +687,8 @@ def main() -> None:
             )
             for minimal in (False, True)
         ]
+    if args.only in (None, "stored"):
+        variants.append(("stored", lambda: stored_ceiling(asks)))
     if args.batched:
         variants.append((f"batched x{args.batched}", lambda: batched_ceiling(asks, args.batched)))
     passed = True
