@@ -40,11 +40,14 @@ request is already placed, queued or rejected. After each variant the database i
 leases by state, how many hold a live reservation, how many queued leases have a planned start, and the overcommit
 query of the concurrency tests (`tests/leases/invariants.py`), which must return no rows.
 
+`--stale` instead fills the fleet with the workload's best-effort leases, makes every node's heartbeat an hour old
+and times one advance reservation's request (see `stale_fleet`).
+
 `--profile` instead runs cProfile over sequential in-process submissions, once with the scheduler cache kept (one
 worker) and once with it dropped before every call (what each of two alternating workers sees: the other one's
 commit bumped the version), and prints the top functions and queries per submission.
 
-    .venv/bin/python bench/bench_burst.py [--quick] [--nodes 1000] [--leases 10000] [--workers 2] [--threads T] [--only VARIANT] [--batched B] [--profile N]
+    .venv/bin/python bench/bench_burst.py [--quick] [--nodes 1000] [--leases 10000] [--workers 2] [--threads T] [--only VARIANT] [--batched B] [--profile N] [--stale]
 """
 
 from __future__ import annotations
@@ -458,6 +461,36 @@ def stored_ceiling(asks: list[Ask]) -> Burst:
     return burst
 
 
+def stale_fleet(asks: list[Ask], url: str) -> None:
+    """The workload's best-effort requests placed or queued (stored, then passes), every node's last heartbeat
+    then an hour old (the agents went quiet, so every node is excluded), and one advance reservation requested
+    through `do_submit_lease`, twice. Nothing can take it and the answer is a rejection; its time is how long
+    its pass held the plan lock, which every other request waits for."""
+    from django.contrib.auth import get_user_model
+    from django.db import connection
+    from django.utils import timezone
+
+    from leases import actions
+    from leases.models import Lease
+
+    with Heartbeats(url):
+        stored_ceiling([a for a in asks if a.type == "best_effort"])
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE fleet_node SET last_heartbeat_at = now() - interval '1 hour'")
+    running = Lease.objects.filter(state__in=["active", "ready"]).count()
+    actor = get_user_model().objects.get(username=OPERATOR)
+    ask = Ask("stale-fleet-ar", "advance_reservation", 3600, ((4, 16384, 10),) * 2, 7200)
+    for _ in range(2):
+        now = timezone.now()
+        started = time.perf_counter()
+        got = actions.do_submit_lease(actor, ask.spec(now), now=now)
+        print(
+            f"  every node stale, {running:,} leases running: an advance reservation answered in "
+            f"{time.perf_counter() - started:.2f} s ({'accepted' if got.decision.accepted else 'rejected'})",
+            flush=True,
+        )
+
+
 # --- over HTTP: two Daphne processes -----------------------------------------------------------------------------
 
 
@@ -644,6 +677,11 @@ def main() -> None:
         "--batched", type=int, default=0, metavar="B", help="also the group-commit ceiling, B requests a pass"
     )
     parser.add_argument(
+        "--stale",
+        action="store_true",
+        help="instead: one advance reservation on a busy fleet whose nodes are all stale",
+    )
+    parser.add_argument(
         "--profile", type=int, default=0, metavar="N", help="profile N sequential submissions"
     )
     args = parser.parse_args()
@@ -664,6 +702,10 @@ def main() -> None:
         f"  fleet registered and heartbeated in {time.perf_counter() - t:.1f} s; load average {load[0]:.2f}"
     )
     print(demand_line(asks, nodes))
+    if args.stale:
+        reset_fleet()
+        stale_fleet(asks, url)
+        return
     if args.profile:
         for keep in (True, False):
             reset_fleet()
