@@ -27,6 +27,7 @@ DIMS = 3
 SPARE_SLOTS = 2  # at least 1: a node's last segment ends at the spare slot's time, inf
 SPARE_SHARE = 16
 GROWN_SHARE = 4
+WINDOWS = 32  # windows whose over() answers are kept between writes
 
 # Usage levels: cores in hundredths, memory in MiB, disk in GiB; a node's capacity is far below 2**31 of each.
 LEVEL = np.int32
@@ -59,6 +60,9 @@ class NodeArrays:
         self.nodes = np.asarray(nodes, dtype=np.int64)
         self.pos = {n: i for i, n in enumerate(nodes)}
         self.caps: IntArray = np.array([caps[n][:DIMS] for n in nodes], dtype=np.int64).reshape(-1, DIMS)
+        # over()'s answers per window until the next write: a pass's reports (one per decision, built after
+        # every submit) ask the same few windows, "now" for each of a handful of durations, hundreds of times.
+        self._windows: dict[tuple[float, float], tuple[LevelArray, LevelArray]] = {}
         self._layout([_columns(lines[n]) for n in nodes])
 
     def refresh(self, lines: Mapping[int, Line], dirty: Iterable[int]) -> None:
@@ -67,6 +71,7 @@ class NodeArrays:
         changed = sorted(self.pos[n] for n in dirty if n in self.pos)
         if not changed:
             return
+        self._windows.clear()
         fresh = {i: _columns(lines[int(self.nodes[i])]) for i in changed}
         self._grow({i: len(piece[0]) for i, piece in fresh.items()})
         for i, (times, levels) in fresh.items():
@@ -121,7 +126,7 @@ class NodeArrays:
     def peak_over(self, start: float, end: float) -> LevelArray:
         """Per node and dimension, the highest usage at any instant of [start, end) (end > start): what
         `SlotTable.free_over_vec` subtracts from the capacity."""
-        return self._per_node(self._meeting(start, end, end), np.maximum)
+        return self.over(start, end)[0]
 
     def level_at(self, t: float) -> LevelArray:
         """Per node and dimension, the usage at instant t (the segment holding t; zero outside every segment)."""
@@ -129,7 +134,11 @@ class NodeArrays:
 
     def over(self, start: float, end: float) -> tuple[LevelArray, LevelArray]:
         """`peak_over(start, end)` and `level_at(start)` from one gather (end > start): a node's first segment
-        meeting the window holds `start` unless the node's line begins later."""
+        meeting the window holds `start` unless the node's line begins later. Read-only arrays, kept until the
+        next refresh: the same window asked again is answered without a gather."""
+        got = self._windows.get((start, end))
+        if got is not None:
+            return got
         # In the levels' own type: a scatter converting each row to int64 cost as much as the reduction.
         peak = np.zeros((len(self.sizes), DIMS), dtype=LEVEL)
         at_start = np.zeros((len(self.sizes), DIMS), dtype=LEVEL)
@@ -141,6 +150,11 @@ class NodeArrays:
             peak[owners[first]] = np.maximum.reduceat(levels, first, axis=0)
             holding = self.times[picked[first]] <= start
             at_start[owners[first[holding]]] = levels[first[holding]]
+        peak.setflags(write=False)
+        at_start.setflags(write=False)
+        if len(self._windows) >= WINDOWS:
+            self._windows.clear()
+        self._windows[(start, end)] = (peak, at_start)
         return peak, at_start
 
     def _meeting(self, start: float, end: float, before: float) -> npt.NDArray[np.bool_]:

@@ -789,3 +789,20 @@ def test_moving_a_reservations_share_to_another_node_is_the_same_as_removing_and
             assert table.used_at(node, float(t)) == reference.used_at(node, float(t))
         assert table.blockers(node, Res(cpu=1), 0.0, 30.0) == reference.blockers(node, Res(cpu=1), 0.0, 30.0)
     assert table.total_free_at(float(r.start)) == reference.total_free_at(float(r.start))
+
+
+def test_the_columns_answer_a_window_again_from_memory_until_the_next_write():
+    """NodeArrays.over keeps its answer per window for a pass's reports; a write to the table must drop it."""
+    table = SlotTable({1: Res(400, 4096), 2: Res(400, 4096)})
+    table.add(Reservation(1, 1, "vm", 0.0, 100.0, {1: Res(100, 1024)}))
+    peak, _ = table.arrays().over(0.0, 50.0)
+    assert peak.tolist()[0][:2] == [100, 1024] and peak.tolist()[1][:2] == [0, 0]
+    assert table.arrays().over(0.0, 50.0)[0] is peak  # asked again: the same answer, not a new gather
+    with pytest.raises(ValueError):
+        peak[0, 0] = 0  # shared by every caller until the next write: read-only
+    table.add(Reservation(2, 2, "vm", 10.0, 20.0, {1: Res(200, 1024), 2: Res(100, 512)}))
+    fresh, _ = table.arrays().over(0.0, 50.0)
+    assert fresh.tolist()[0][:2] == [300, 2048] and fresh.tolist()[1][:2] == [100, 512]
+    assert table.arrays().peak_over(0.0, 50.0).tolist() == fresh.tolist()
+    table.remove(2)
+    assert table.arrays().over(0.0, 50.0)[0].tolist() == peak.tolist()
