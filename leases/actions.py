@@ -22,7 +22,7 @@ from leases.alerts import raise_alert, resolve_open
 from leases.lifecycle import IllegalTransition, LeaseState
 from leases.models import Alert, Group, Lease, SchedulerState
 from leases.scheduler import Decision, LeaseRequest
-from slotkeeper import audit, events, metrics
+from slotkeeper import audit, events, metrics, planwake
 from slotkeeper.audit import actor_label
 from slotkeeper.domain import DomainError
 
@@ -83,6 +83,9 @@ def do_submit_lease(actor, spec: LeaseSpec, *, now: datetime) -> Submitted:
     in state `new`, an intent), and then decided by whichever planning pass comes next, which plans every waiting
     request at once; this call runs that pass itself when the plan lock is free, and otherwise sleeps until a
     pass commits. Either way it answers with its own lease's decision and report."""
+    since = (
+        planwake.ticket()
+    )  # passes from here on name the requests they decide: this one's, once it is stored
     with transaction.atomic():
         lease = Lease.objects.create(
             name=spec.name,
@@ -99,7 +102,7 @@ def do_submit_lease(actor, spec: LeaseSpec, *, now: datetime) -> Submitted:
         )
         if spec.groups:
             lease.groups.set(Group.objects.filter(name__in=spec.groups))
-    lease = store.await_decision(lease.pk, now)
+    lease = store.await_decision(lease.pk, now, since=since)
     # The report the pass wrote when it decided this request: the first one about the lease (a later pass may add
     # "placed by the queue" reports, which are not this request's answer).
     report = PlacementReport.objects.filter(subject=f"lease:{lease.pk}").order_by("id").first()

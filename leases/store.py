@@ -432,7 +432,7 @@ def _planning(now: datetime, *, try_lock: bool = False) -> Iterator[Planning]:
         )
         if version % PRUNE_EVERY == 0:
             PlanVersion.objects.filter(version__lte=version - PLAN_VERSIONS_KEPT).delete()
-        planwake.announce(version)
+        planwake.announce(version, batch)
 
         def keep():
             _cache.value = _Cached(version, fingerprint, sched)
@@ -744,14 +744,18 @@ def _reject_unplannable(lease: Lease, reason: str, now: datetime) -> None:
 _pass_turn = threading.Lock()
 
 
-def await_decision(lease_id: int, now: datetime) -> Lease:
+def await_decision(lease_id: int, now: datetime, *, since: int | None = None) -> Lease:
     """Returns the lease row once a planning pass has decided the request `lease_id` (stored in state `new`),
     read as that pass left it, in the same query that finds it decided: whoever holds
     the plan lock plans every waiting request, so this caller either runs that pass itself (the lock was free) or
     sleeps until a pass commits (planwake) and looks again. Bounded: when no pass has committed for
     PLAN_LOCK_TIMEOUT_S it waits for the lock as every other writer does, and if even that times out it withdraws
     the request and raises PlanBusy (503). While passes keep committing it keeps waiting: intents are planned
-    oldest first, so its turn comes within (requests ahead / MAX_BATCH) passes."""
+    oldest first, so its turn comes within (requests ahead / MAX_BATCH) passes.
+
+    It looks at its row only when it may have been decided: first (unless `since`, a planwake ticket taken before
+    the request was stored, says no pass has named it since), then after a pass that named it (planwake), after
+    a sleep that no pass ended (the fallback poll) and once the bound is reached."""
     if transaction.get_connection().in_atomic_block:
         # Inside a caller's transaction the intent is invisible to other processes: plan it here, in it.
         with planning(now):
@@ -759,11 +763,17 @@ def await_decision(lease_id: int, now: datetime) -> Lease:
         return Lease.objects.get(pk=lease_id)
     began = time.monotonic()
     deadline = began + planlock.timeout_s()
+    look = since is None or planwake.named_since(since, lease_id)
+    seen = since
     while True:
         ticket = planwake.ticket()
-        lease = Lease.objects.get(pk=lease_id)  # a request deleted meanwhile raises, as before it was decided
-        if lease.state != LeaseState.NEW:
-            return lease
+        if look or seen is None or planwake.named_since(seen, lease_id) or time.monotonic() >= deadline:
+            lease = Lease.objects.get(
+                pk=lease_id
+            )  # a request deleted meanwhile raises, as before it was decided
+            if lease.state != LeaseState.NEW:
+                return lease
+        look, seen = False, ticket
         # A pass run after a wait plans at the time it runs, not at the time the request came in.
         at = now + timedelta(seconds=time.monotonic() - began) if time.monotonic() - began > 0.05 else now
         if time.monotonic() >= deadline:
@@ -775,6 +785,7 @@ def await_decision(lease_id: int, now: datetime) -> Lease:
                 # a pass has taken it meanwhile (passes lock the intents they plan, so this waits for that one).
                 if Lease.objects.filter(pk=lease_id, state=LeaseState.NEW).delete()[0]:
                     raise
+                look = True
                 continue
         if _try_pass(at):
             continue
@@ -784,6 +795,8 @@ def await_decision(lease_id: int, now: datetime) -> Lease:
             transaction.get_connection().close()
         if planwake.wait(ticket, min(planwake.FALLBACK_POLL_S, max(0.0, deadline - time.monotonic()))):
             deadline = time.monotonic() + planlock.timeout_s()  # a pass committed: the queue is moving
+        else:
+            look = True  # no pass was heard of: look anyway (a lost notification, a deleted request)
 
 
 def _try_pass(now: datetime) -> bool:

@@ -13,13 +13,22 @@ A waiter takes a ticket (the count of passes it has heard of) before it looks at
 the count moves past that ticket, so a pass that commits between the look and the sleep is never missed. Every
 sleep is still bounded (FALLBACK_POLL_S): a lost notification or a listener that died costs a poll, not a hang.
 
+Each announcement names the requests its pass decided (in the NOTIFY payload after the version, "*" when the
+list would not fit), and a woken waiter looks at its lease again only when a pass it has not yet looked after
+named it (`named_since`), or named nothing it could read. Before, every waiter read its lease at every pass:
+a burst's waiters asked the database again and again for rows still waiting, a quarter of the submitting
+processes' time (docs/BENCHMARKS.md, "Lease burst: fewer looks"). An announcement from a process that names
+nothing (an older release) counts as naming everyone.
+
 It lives in the project kernel beside planlock, because it is transport, not lease logic.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
+from collections.abc import Iterable
 
 from django.db import connection, transaction
 
@@ -31,6 +40,10 @@ FALLBACK_POLL_S = 0.5
 
 _cond = threading.Condition()
 _seq = 0
+# The passes heard of most recently: (ticket it raised the count to, the requests it decided, or None when unknown).
+_named: collections.deque[tuple[int, frozenset[int] | None]] = collections.deque(maxlen=256)
+# NOTIFY payloads must stay under 8,000 bytes; a longer list is sent as "*".
+MAX_PAYLOAD = 7900
 _state = {"notified": 0}  # passes heard of from other processes (tests check a waiter was woken this way)
 _listener: threading.Thread | None = None
 _listening = threading.Event()
@@ -47,13 +60,43 @@ def heard_from_others() -> int:
     return _state["notified"]
 
 
-def _bump(*, remote: bool = False) -> None:
+def named_since(after: int, lease_id: int) -> bool:
+    """Whether a pass heard of after the ticket `after` may have decided `lease_id`: it named it, or named
+    nothing readable, or it is too far back to know."""
+    with _cond:
+        if _seq == after:
+            return False
+        if not _named or _named[0][0] > after + 1:
+            return True  # passes after `after` were dropped from the window: unknown
+        return any(seq > after and (ids is None or lease_id in ids) for seq, ids in _named)
+
+
+def _bump(decided: frozenset[int] | None = None, *, remote: bool = False) -> None:
     global _seq
     with _cond:
         _seq += 1
+        _named.append((_seq, decided))
         if remote:
             _state["notified"] += 1
         _cond.notify_all()
+
+
+def payload(version: int, decided: Iterable[int]) -> str:
+    ids = ",".join(map(str, decided))
+    return f"{version} {ids}" if len(ids) <= MAX_PAYLOAD else f"{version} *"
+
+
+def parse(text: str) -> frozenset[int] | None:
+    """The requests a payload names; None when it does not name them readably (too many, an older release)."""
+    _, sep, ids = text.partition(" ")
+    if not sep or ids == "*":
+        return None
+    if not ids:
+        return frozenset()
+    try:
+        return frozenset(int(x) for x in ids.split(","))
+    except ValueError:
+        return None
 
 
 def wait(after: int, timeout: float) -> bool:
@@ -63,12 +106,15 @@ def wait(after: int, timeout: float) -> bool:
         return _cond.wait_for(lambda: _seq != after, timeout)
 
 
-def announce(version: int) -> None:
-    """Called inside a pass's transaction: every waiter hears of it once the transaction commits."""
+def announce(version: int, decided: Iterable[int] = ()) -> None:
+    """Called inside a pass's transaction, with the requests it decided: every waiter hears of it once the
+    transaction commits."""
+    decided = tuple(decided)
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, str(version)])
-    transaction.on_commit(_bump)
+            cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, payload(version, decided)])
+    named = frozenset(decided)
+    transaction.on_commit(lambda: _bump(named))
 
 
 def _ensure_listener() -> None:
@@ -103,8 +149,8 @@ def _listen(conninfo: dict) -> None:
                 conn.execute(f"LISTEN {CHANNEL}")
                 _listening.set()
                 while not _stop.is_set():
-                    for _ in conn.notifies(timeout=1.0):
-                        _bump(remote=True)
+                    for note in conn.notifies(timeout=1.0):
+                        _bump(parse(note.payload), remote=True)
         except Exception:
             _listening.clear()
             log.warning(

@@ -47,7 +47,7 @@ def isolated_by_the_tick(monkeypatch):
     monkeypatch.setattr(
         store,
         "await_decision",
-        lambda lease_id, now: (actions.advance(now), Lease.objects.get(pk=lease_id))[1],
+        lambda lease_id, now, since=None: (actions.advance(now), Lease.objects.get(pk=lease_id))[1],
     )
     real = Scheduler.advance
 

@@ -95,7 +95,9 @@ def test_the_api_places_an_ar_whose_start_passed_before_its_pass(operator, fleet
     # it waits behind a burst.
     real = store.await_decision
     monkeypatch.setattr(
-        store, "await_decision", lambda lease_id, now: real(lease_id, now + timedelta(seconds=2))
+        store,
+        "await_decision",
+        lambda lease_id, now, since=None: real(lease_id, now + timedelta(seconds=2), since=since),
     )
     start = timezone.now() + timedelta(seconds=1)
     payload = {
