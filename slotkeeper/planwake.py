@@ -17,7 +17,8 @@ Each announcement names the requests its pass decided (in the NOTIFY payload aft
 list would not fit), and a woken waiter looks at its lease again only when a pass it has not yet looked after
 named it (`named_since`), or named nothing it could read. Before, every waiter read its lease at every pass:
 a burst's waiters asked the database again and again for rows still waiting, a quarter of the submitting
-processes' time (docs/BENCHMARKS.md, "Lease burst: fewer looks"). An announcement from a process that names
+processes' GIL time (docs/BENCHMARKS.md, "Lease burst: a victims search that cannot stall, a cheaper pass, fewer
+looks"). An announcement from a process that names
 nothing (an older release) counts as naming everyone.
 
 It lives in the project kernel beside planlock, because it is transport, not lease logic.
