@@ -130,6 +130,20 @@ class Ask:
             start=self.start(now),
         )
 
+    def intent(self, now: datetime, actor):
+        """The request stored as `do_submit_lease` stores it before it waits (an unsaved Lease in state `new`)."""
+        from leases.models import Lease
+
+        return Lease(
+            name=self.name,
+            type=self.type,
+            submitted_at=now,
+            requested_start=self.start(now),
+            duration_s=self.duration_s,
+            vnodes=self.nodes(),
+            submitted_by=actor,
+        )
+
     def body(self, now: datetime) -> dict:
         start = self.start(now)
         return {
@@ -401,18 +415,7 @@ def batched_ceiling(asks: list[Ask], batch: int) -> Burst:
         t = time.perf_counter()
         now = timezone.now()
         with store.planning(now) as plan:
-            rows = Lease.objects.bulk_create(
-                Lease(
-                    name=a.name,
-                    type=a.type,
-                    submitted_at=now,
-                    requested_start=a.start(now),
-                    duration_s=a.duration_s,
-                    vnodes=a.nodes(),
-                    submitted_by=actor,
-                )
-                for a in asks[k : k + batch]
-            )
+            rows = Lease.objects.bulk_create(a.intent(now, actor) for a in asks[k : k + batch])
             for lease in rows:
                 decision = plan.scheduler.submit(store.request_of(lease), plan.t, plan.excluded, defer=True)
                 burst.answers["accepted" if decision.accepted else "rejected"] += 1
@@ -434,18 +437,7 @@ def stored_ceiling(asks: list[Ask]) -> Burst:
 
     actor = get_user_model().objects.get(username=OPERATOR)
     now = timezone.now()
-    Lease.objects.bulk_create(
-        Lease(
-            name=a.name,
-            type=a.type,
-            submitted_at=now,
-            requested_start=a.start(now),
-            duration_s=a.duration_s,
-            vnodes=a.nodes(),
-            submitted_by=actor,
-        )
-        for a in asks
-    )
+    Lease.objects.bulk_create(a.intent(now, actor) for a in asks)
     burst = Burst()
     started, cpu = time.perf_counter(), time.process_time()
     waiting = len(asks)
