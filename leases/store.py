@@ -755,7 +755,8 @@ def await_decision(lease_id: int, now: datetime, *, since: int | None = None) ->
 
     It looks at its row only when it may have been decided: first (unless `since`, a planwake ticket taken before
     the request was stored, says no pass has named it since), then after a pass that named it (planwake), after
-    a sleep that no pass ended (the fallback poll) and once the bound is reached."""
+    a sleep that no pass ended (the fallback poll) and once the bound is reached; at every wake-up while this
+    process cannot hear every pass (planwake.hears_all)."""
     if transaction.get_connection().in_atomic_block:
         # Inside a caller's transaction the intent is invisible to other processes: plan it here, in it.
         with planning(now):
@@ -763,11 +764,20 @@ def await_decision(lease_id: int, now: datetime, *, since: int | None = None) ->
         return Lease.objects.get(pk=lease_id)
     began = time.monotonic()
     deadline = began + planlock.timeout_s()
-    look = since is None or planwake.named_since(since, lease_id)
+    look = since is None or not planwake.hears_all() or planwake.named_since(since, lease_id)
     seen = since
     while True:
         ticket = planwake.ticket()
-        if look or seen is None or planwake.named_since(seen, lease_id) or time.monotonic() >= deadline:
+        # Without the listener (not started yet, or its connection lost) another process's pass goes unheard:
+        # look at every wake-up, as before passes named their requests.
+        trusted = planwake.hears_all()
+        if (
+            look
+            or seen is None
+            or not trusted
+            or planwake.named_since(seen, lease_id)
+            or time.monotonic() >= deadline
+        ):
             lease = Lease.objects.get(
                 pk=lease_id
             )  # a request deleted meanwhile raises, as before it was decided

@@ -61,6 +61,14 @@ def heard_from_others() -> int:
     return _state["notified"]
 
 
+def hears_all() -> bool:
+    """Whether every pass that commits, in any process, is heard of here, so that `named_since` can be trusted:
+    on SQLite (one process) always; on PostgreSQL while the listener is connected and listening."""
+    if connection.vendor != "postgresql":
+        return True
+    return _listener is not None and _listener.is_alive() and _listening.is_set()
+
+
 def named_since(after: int, lease_id: int) -> bool:
     """Whether a pass heard of after the ticket `after` may have decided `lease_id`: it named it, or named
     nothing readable, or it is too far back to know."""

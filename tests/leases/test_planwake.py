@@ -46,6 +46,8 @@ def test_named_since_is_true_only_for_a_pass_that_named_the_request_or_named_not
 @pytest.mark.django_db(transaction=True)
 def test_a_waiter_reads_its_row_only_after_the_pass_that_decided_it(fleet, monkeypatch):
     monkeypatch.setattr(planwake, "FALLBACK_POLL_S", 30.0)  # no look on the fallback poll during the test
+    planwake._ensure_listener()  # on PostgreSQL: every pass is heard of from here on
+    assert planwake.hears_all()
     since = planwake.ticket()
     lease = intent("waits", timezone.now())
     looks: list[str] = []
@@ -80,3 +82,44 @@ def test_a_waiter_reads_its_row_only_after_the_pass_that_decided_it(fleet, monke
     assert not thread.is_alive()
     assert answer and answer[0].pk == lease.pk and answer[0].state != LeaseState.NEW
     assert len(looks) == 1  # the one read that returned the decided row
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_waiter_that_cannot_hear_every_pass_looks_at_every_wake_up(fleet, monkeypatch):
+    """On PostgreSQL before the listener is up, or after its connection was lost, another process's pass goes
+    unheard: a waiter then looks whenever it wakes, as it did before passes named their requests."""
+    monkeypatch.setattr(planwake, "FALLBACK_POLL_S", 30.0)
+    monkeypatch.setattr(planwake, "hears_all", lambda: False)
+    since = planwake.ticket()
+    lease = intent("waits", timezone.now())
+    looks: list[str] = []
+
+    def waiter() -> None:
+        def counted(execute, sql, params, many, context):
+            if "leases_lease" in sql:
+                looks.append(sql)
+            return execute(sql, params, many, context)
+
+        try:
+            with connection.execute_wrapper(counted):
+                store.await_decision(lease.pk, timezone.now(), since=since)
+        finally:
+            connection.close()
+
+    store._pass_turn.acquire()
+    try:
+        thread = threading.Thread(target=waiter)
+        thread.start()
+        time.sleep(0.2)
+        first = len(looks)
+        assert first == 1  # it looked once, before its first sleep
+        for _ in range(3):
+            planwake._bump(frozenset({lease.pk + 1000}))
+            time.sleep(0.1)
+        assert len(looks) == first + 3
+        with store.planning(timezone.now()):
+            pass
+    finally:
+        store._pass_turn.release()
+    thread.join(20)
+    assert not thread.is_alive()
