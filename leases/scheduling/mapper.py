@@ -10,7 +10,7 @@ import itertools
 import math
 from bisect import bisect_left, insort
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence, Set
 from dataclasses import fields
 from functools import lru_cache
 from typing import Any
@@ -81,6 +81,10 @@ class Mapper(PlanBook):
         if got is None:
             got = self._barred[req.id] = frozenset(n for n, _ in req.barred)
         return got
+
+    def _ruled_out(self, req: LeaseRequest) -> Set[int]:
+        """The nodes `req` may not be mapped to: this pass's exclusions and the request's barred nodes."""
+        return self._excluded.keys() | self._barred_of(req) if req.barred else self._excluded.keys()
 
     def _smallest_of(self, req: LeaseRequest) -> Res:
         got = self._smallest.get(req.id)
@@ -419,7 +423,7 @@ class HostOrder:
         # requests over HTTP: one hand-off per request", in the pass).
         idle = ~arrays.peak_over(start, start + duration).any(axis=1)
         idle &= (arrays.caps >= np.array((smallest.cpu, smallest.mem, smallest.disk), np.int64)).all(axis=1)
-        skipped = m._excluded.keys() | m._barred_of(req) if req.barred else m._excluded.keys()
+        skipped = m._ruled_out(req)
         nodes = arrays.nodes[idle]
         if skipped:
             nodes = nodes[~np.isin(nodes, np.fromiter(skipped, np.int64, len(skipped)))]

@@ -104,7 +104,7 @@ class Preemption(Backfilling):
         """The nodes the mapper may place `req` on, or None for every node of the table."""
         if not self._excluded and not req.barred:
             return None
-        ruled_out = self._excluded.keys() | self._barred_of(req) if req.barred else self._excluded.keys()
+        ruled_out = self._ruled_out(req)
         return frozenset(n for n in self.table.nodes if n not in ruled_out)
 
     @staticmethod

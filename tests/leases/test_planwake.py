@@ -16,6 +16,27 @@ from slotkeeper import planwake
 from tests.leases.conftest import intent
 
 
+def start_waiter(lease_id: int, since: int, looks: list[str], answer: list) -> threading.Thread:
+    """A thread waiting for the request `lease_id` (store.await_decision), each of its reads of a lease row in
+    `looks`, its answer in `answer`."""
+
+    def waiter() -> None:
+        def counted(execute, sql, params, many, context):
+            if "leases_lease" in sql:
+                looks.append(sql)
+            return execute(sql, params, many, context)
+
+        try:
+            with connection.execute_wrapper(counted):
+                answer.append(store.await_decision(lease_id, timezone.now(), since=since))
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    return thread
+
+
 def test_a_payload_names_the_decided_requests_or_says_it_cannot():
     assert planwake.parse(planwake.payload(7, [3, 41])) == {3, 41}
     assert planwake.parse(planwake.payload(7, [])) == frozenset()
@@ -52,23 +73,9 @@ def test_a_waiter_reads_its_row_only_after_the_pass_that_decided_it(fleet, monke
     lease = intent("waits", timezone.now())
     looks: list[str] = []
     answer: list = []
-
-    def waiter() -> None:
-        def counted(execute, sql, params, many, context):
-            if "leases_lease" in sql:
-                looks.append(sql)
-            return execute(sql, params, many, context)
-
-        try:
-            with connection.execute_wrapper(counted):
-                answer.append(store.await_decision(lease.pk, timezone.now(), since=since))
-        finally:
-            connection.close()
-
     store._pass_turn.acquire()  # the waiter cannot run a pass itself: it has to be woken
     try:
-        thread = threading.Thread(target=waiter)
-        thread.start()
+        thread = start_waiter(lease.pk, since, looks, answer)
         for _ in range(5):  # passes that decided other requests
             planwake._bump(frozenset({lease.pk + 1000}))
             time.sleep(0.02)
@@ -93,23 +100,9 @@ def test_a_waiter_that_cannot_hear_every_pass_looks_at_every_wake_up(fleet, monk
     since = planwake.ticket()
     lease = intent("waits", timezone.now())
     looks: list[str] = []
-
-    def waiter() -> None:
-        def counted(execute, sql, params, many, context):
-            if "leases_lease" in sql:
-                looks.append(sql)
-            return execute(sql, params, many, context)
-
-        try:
-            with connection.execute_wrapper(counted):
-                store.await_decision(lease.pk, timezone.now(), since=since)
-        finally:
-            connection.close()
-
     store._pass_turn.acquire()
     try:
-        thread = threading.Thread(target=waiter)
-        thread.start()
+        thread = start_waiter(lease.pk, since, looks, [])
         time.sleep(0.2)
         first = len(looks)
         assert first == 1  # it looked once, before its first sleep
