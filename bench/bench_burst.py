@@ -47,7 +47,7 @@ and times one advance reservation's request (see `stale_fleet`).
 worker) and once with it dropped before every call (what each of two alternating workers sees: the other one's
 commit bumped the version), and prints the top functions and queries per submission.
 
-    .venv/bin/python bench/bench_burst.py [--quick] [--nodes 1000] [--leases 10000] [--workers 2] [--threads T] [--only VARIANT] [--batched B] [--profile N] [--stale]
+    .venv/bin/python bench/bench_burst.py [--quick] [--nodes 1000] [--leases 10000] [--workers 2] [--threads T] [--only VARIANT] [--batched B] [--profile N] [--stale] [--reuse-fleet]
 """
 
 from __future__ import annotations
@@ -213,6 +213,17 @@ def build_fleet(nodes: int) -> str:
         f'CREATE DATABASE "{FLEET_DB}" TEMPLATE "{BURST_DB}"',
     )
     return token
+
+
+def fleet_size() -> int | None:
+    """Nodes in the fleet template an earlier run left, or None when there is none."""
+    import psycopg
+
+    try:
+        with psycopg.connect(f"{PG_SERVER}/{FLEET_DB}", autocommit=True) as conn:
+            return conn.execute("SELECT count(*) FROM fleet_node").fetchone()[0]
+    except psycopg.Error:
+        return None
 
 
 def admin(*statements: str) -> None:
@@ -669,6 +680,11 @@ def main() -> None:
         "--batched", type=int, default=0, metavar="B", help="also the group-commit ceiling, B requests a pass"
     )
     parser.add_argument(
+        "--reuse-fleet",
+        action="store_true",
+        help="start from the fleet template an earlier run left, when it has as many nodes (not for http)",
+    )
+    parser.add_argument(
         "--stale",
         action="store_true",
         help="instead: one advance reservation on a busy fleet whose nodes are all stale",
@@ -684,15 +700,24 @@ def main() -> None:
     count = args.leases or (1000 if args.quick else 10_000)
     asks = workload(count)
 
-    url = fresh_postgres(BURST_DB)
-    start_django(url)
     t = time.perf_counter()
-    token = build_fleet(nodes)
+    if args.reuse_fleet and fleet_size() == nodes:
+        if args.only in (None, "http"):
+            parser.error("--reuse-fleet keeps no API token: run the http variant without it")
+        admin(
+            f'DROP DATABASE IF EXISTS "{BURST_DB}" WITH (FORCE)',
+            f'CREATE DATABASE "{BURST_DB}" TEMPLATE "{FLEET_DB}"',
+        )  # reset_fleet without Django, which is not set up yet
+        url = f"{PG_SERVER}/{BURST_DB}"
+        start_django(url)
+        token, built = "", "copied from the last run's template"
+    else:
+        url = fresh_postgres(BURST_DB)
+        start_django(url)
+        token, built = build_fleet(nodes), "registered and heartbeated"
     load = os.getloadavg()
     print(f"lease burst on PostgreSQL, {nodes:,} nodes of {NODE_CORES} cores, {os.cpu_count()} cores here")
-    print(
-        f"  fleet registered and heartbeated in {time.perf_counter() - t:.1f} s; load average {load[0]:.2f}"
-    )
+    print(f"  fleet {built} in {time.perf_counter() - t:.1f} s; load average {load[0]:.2f}")
     print(demand_line(asks, nodes))
     if args.stale:
         reset_fleet()
