@@ -216,11 +216,17 @@ def build_fleet(nodes: int) -> str:
 
 
 def fleet_size() -> int | None:
-    """Nodes in the fleet template an earlier run left, or None when there is none."""
+    """Nodes in the fleet template an earlier run left, or None when there is none, or when its schema is not
+    this tree's (migrations applied there that this tree lacks, or the reverse): every variant starts from a
+    copy of the template, which this tree's code must be able to write."""
     import psycopg
 
+    here = {(p.parent.parent.name, p.stem) for p in ROOT.glob("*/migrations/0*.py")}
     try:
         with psycopg.connect(f"{PG_SERVER}/{FLEET_DB}", autocommit=True) as conn:
+            applied = set(conn.execute("SELECT app, name FROM django_migrations").fetchall())
+            if {m for m in applied if m[0] in {app for app, _ in here}} != here:
+                return None
             return conn.execute("SELECT count(*) FROM fleet_node").fetchone()[0]
     except psycopg.Error:
         return None
