@@ -31,6 +31,9 @@ _NONE: dict = {}  # read-only: no extra use, no group members (no dict built per
 LAZY_NODES = 256
 # Host rankings kept per (start, duration), the least recently used dropped first.
 RANKINGS = 16
+# A kept ranking's nodes with room are sorted by score themselves when they are fewer than 1 in this many of the
+# ranking (HostOrder._rest); otherwise the ranking is walked in order.
+FEW_WITH_ROOM = 8
 # Score columns (Summaries) kept per start, the least recently used dropped first.
 SUMMARIES = 4
 
@@ -251,7 +254,7 @@ class Mapper(PlanBook):
         leases, change = self._summary(node, start)
         return host_score(leases, change, start, duration)
 
-    def _ranking(self, start: float, duration: float) -> list[tuple[float, int]] | None:
+    def _ranking(self, start: float, duration: float) -> Ranking | None:
         """Every node of the live table as (-score, node), sorted, for one start and duration: kept across
         mapping attempts (a batch of submissions shares its `now`), each node re-scored only after a write to it.
         None the first time a window is asked for: most windows (the queue's future instants) are asked once,
@@ -269,7 +272,8 @@ class Mapper(PlanBook):
             self.table.watchers.append(got.dirty)
         else:
             self._rankings.move_to_end(key)
-        return got.current(self, start, duration)
+        got.current(self, start, duration)
+        return got
 
     def _summary(self, node: int, t: float) -> tuple[int, float]:
         got = self._views.get(node)
@@ -309,14 +313,13 @@ class Ranking:
         self.keys = sorted((s, n) for n, s in self.scores.items())
         self.dirty: set[int] = set()
 
-    def current(self, mapper: Mapper, start: float, duration: float) -> list[tuple[float, int]]:
+    def current(self, mapper: Mapper, start: float, duration: float) -> None:
         for node in self.dirty:
             old = (self.scores[node], node)
             del self.keys[bisect_left(self.keys, old)]
             self.scores[node] = new = -mapper._score(node, start, duration)
             insort(self.keys, (new, node))
         self.dirty.clear()
-        return self.keys
 
 
 class Summaries:
@@ -446,8 +449,15 @@ class HostOrder:
         barred = m._barred_of(req) if req.barred else frozenset()
         smallest = m._smallest_of(req)
         per = m._room.counts(start, smallest, m._usable_nodes(), m._counter(smallest, start))
-        for _, node in list(ranking):
-            if per.get(node, 0) > 0 and node not in self._lead and node not in barred:
+        lead, scores = self._lead, ranking.scores
+        roomy = [n for n, c in per.items() if c > 0 and n in scores and n not in lead and n not in barred]
+        if len(roomy) * FEW_WITH_ROOM < len(scores):
+            # On a busy fleet few nodes have room (none once it is full, as for every lease a burst queues):
+            # sorted by the kept scores, they come in the ranking's order without walking every node of it.
+            yield from sorted(roomy, key=lambda n: (scores[n], n))
+            return
+        for _, node in list(ranking.keys):
+            if per.get(node, 0) > 0 and node not in lead and node not in barred:
                 yield node
 
 

@@ -183,6 +183,37 @@ def test_a_batch_sharing_its_now_on_a_fleet_with_no_idle_node_plans_as_the_full_
     assert plan(lazy=True) == plan(lazy=False)
 
 
+@pytest.mark.parametrize("seed", [4, 9])
+def test_the_few_nodes_with_room_sorted_by_the_kept_scores_come_in_the_order_of_walking_the_ranking(
+    seed, monkeypatch
+):
+    """HostOrder._rest either sorts the few nodes with room by the ranking's scores or walks the whole ranking:
+    forced one way and then the other, a busy batch sharing its `now` plans the same, and so does the full sort."""
+
+    def plan(lazy: bool, few: int) -> list:
+        monkeypatch.setattr(mapper, "LAZY_NODES", 0 if lazy else 1 << 30)
+        monkeypatch.setattr(mapper, "FEW_WITH_ROOM", few)
+        rng = random.Random(seed)
+        s = Scheduler({n: Res(800, 8192, 80, 0, 0) for n in range(1, 25)}, SchedulerConfig())
+        for n in range(1, 25):  # every node busy with something, ending at different times
+            s.submit(LeaseRequest(n, "best_effort", 0, None, 300 * n, (Res(100 * (n % 4 + 1), 1024),)), 0)
+        for i in range(120):
+            vnodes = tuple(rng.choice(VMS) for _ in range(rng.randint(1, 3)))
+            s.submit(LeaseRequest(100 + i, "best_effort", 100, None, 1800, vnodes), 100, defer=True)
+        s.submit(LeaseRequest(999, "best_effort", 100, None, 1800, (VMS[0],)), 100)
+        return sorted(
+            (lid, r.kind, r.start, r.end, sorted(r.nodes.items()))
+            for lid, rec in s.leases.items()
+            for r in rec.reservations
+            if r.status != "cancelled"
+        )
+
+    sorted_few = plan(lazy=True, few=1 << 30)  # every _rest sorts the nodes with room
+    walked = plan(lazy=True, few=0)  # every _rest walks the ranking
+    assert sorted_few == walked == plan(lazy=False, few=0)
+    assert len({lid for lid, *_ in walked}) > 24, "the batch placed leases past the busy nodes' first ones"
+
+
 def test_a_window_asked_for_twice_keeps_a_ranking_and_the_kept_ones_are_bounded(monkeypatch):
     monkeypatch.setattr(mapper, "LAZY_NODES", 0)
     s = Scheduler({n: Res(100, 1024, 10, 0, 0) for n in range(1, 5)}, SchedulerConfig())
