@@ -48,6 +48,9 @@ if TYPE_CHECKING:
 # The slot table's vocabulary is imported from here; leases/slots/ holds its parts.
 __all__ = ["Overcommit", "Res", "Reservation", "RoomCounts", "SlotTable"]
 
+# The (need, start, end) answers of `blocking_leases` kept per node, all dropped when one more would pass this.
+BLOCKED_KEPT = 64
+
 
 @dataclass(frozen=True, slots=True)
 class _Use:
@@ -83,6 +86,9 @@ class SlotTable:
         # Per node, its reservations as `_Use` rows in (start, rid) order, built when `blockers` first asks and
         # dropped when the node is written to.
         self._uses: dict[int, list[_Use]] = {}
+        # Per node, `blocking_leases` answers by (need, start, end), dropped with `_uses`: the reports of one pass
+        # ask about the same few shapes and windows on the same nodes, the table unchanged in between.
+        self._blocked: dict[int, dict[tuple[Res, float, float], frozenset[int]]] = {}
         for cap in self._caps.values():
             self._total_cap = (
                 self._total_cap[0] + cap[0],
@@ -310,8 +316,17 @@ class SlotTable:
 
     def blocking_leases(self, node: int, need: Res, start: float, end: float) -> set[int]:
         """The leases of `blockers(node, need, start, end)` (a report names them for several nodes in every
-        decision)."""
-        return {use.lease_id for use in self._blocking(node, need, start, end)}
+        decision): kept per node until it is written to, and a fresh set every call for the caller to change."""
+        memo = self._blocked.get(node)
+        if memo is None:
+            memo = self._blocked[node] = {}
+        key = (need, start, end)
+        got = memo.get(key)
+        if got is None:
+            if len(memo) >= BLOCKED_KEPT:  # a node nobody writes to is asked about at every pass's `now`
+                memo.clear()
+            got = memo[key] = frozenset(use.lease_id for use in self._blocking(node, need, start, end))
+        return set(got)
 
     def _blocking(self, node: int, need: Res, start: float, end: float) -> list[_Use]:
         """The node's reservations (in `_uses_on` order) that keep `need` from fitting on [start, end): those
@@ -512,7 +527,7 @@ class SlotTable:
         other._index_owned = self._index_owned = False
         other._total_owned = self._total_owned = False
         other._arrays, other._dirty, other.watchers = None, set(), []
-        other._uses = {}
+        other._uses, other._blocked = {}, {}
         return other
 
     def arrays(self) -> NodeArrays:
@@ -542,6 +557,7 @@ class SlotTable:
     def _writable_line(self, node: int) -> Line:
         self._dirty.add(node)
         self._uses.pop(node, None)
+        self._blocked.pop(node, None)
         for watcher in self.watchers:
             watcher.add(node)
         if node not in self._owned:

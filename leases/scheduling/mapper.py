@@ -448,16 +448,16 @@ class HostOrder:
         # vnode fits at `start`, from the same kept room counts): the same order without scoring every node.
         barred = m._barred_of(req) if req.barred else frozenset()
         smallest = m._smallest_of(req)
-        per = m._room.counts(start, smallest, m._usable_nodes(), m._counter(smallest, start))
+        with_room = m._room.with_room(start, smallest, m._usable_nodes(), m._counter(smallest, start))
         lead, scores = self._lead, ranking.scores
-        roomy = [n for n, c in per.items() if c > 0 and n in scores and n not in lead and n not in barred]
-        if len(roomy) * FEW_WITH_ROOM < len(scores):
+        if len(with_room) * FEW_WITH_ROOM < len(scores):
+            roomy = [n for n in with_room if n in scores and n not in lead and n not in barred]
             # On a busy fleet few nodes have room (none once it is full, as for every lease a burst queues):
             # sorted by the kept scores, they come in the ranking's order without walking every node of it.
             yield from sorted(roomy, key=lambda n: (scores[n], n))
             return
         for _, node in list(ranking.keys):
-            if per.get(node, 0) > 0 and node not in lead and node not in barred:
+            if node in with_room and node not in lead and node not in barred:
                 yield node
 
 

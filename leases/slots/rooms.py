@@ -14,7 +14,8 @@ from leases.slots.values import (
 )
 
 _Count = Callable[[Iterable[int]], dict[int, int]]
-_Entry = list[Any]  # [total, {node: copies}, log position, set of nodes to recount]
+# [total, {node: copies}, log position, set of nodes to recount, the nodes with a copy (None until asked for)]
+_Entry = list[Any]
 
 
 class RoomCounts:
@@ -46,7 +47,7 @@ class RoomCounts:
         entry = self._entries.get(key)
         if entry is None:
             per = count(nodes)
-            entry = self._entries[key] = [sum(per.values()), per, end, set()]
+            entry = self._entries[key] = [sum(per.values()), per, end, set(), None]
             return entry
         per, pos, dirty = entry[1], entry[2], entry[3]
         if pos < end:
@@ -57,6 +58,13 @@ class RoomCounts:
             fresh = count(dirty)
             entry[0] += sum(fresh.values()) - sum(per[n] for n in dirty)
             per.update(fresh)
+            roomy = entry[4]
+            if roomy is not None:
+                for node, copies in fresh.items():
+                    if copies > 0:
+                        roomy.add(node)
+                    else:
+                        roomy.discard(node)
             dirty.clear()
         return entry
 
@@ -68,6 +76,16 @@ class RoomCounts:
         """Per node, its count, up to date; the caller must not change the dict."""
         per: dict[int, int] = self._current(t, unit, nodes, count)[1]
         return per
+
+    def with_room(self, t: float, unit: Res, nodes: Iterable[int], count: _Count) -> set[int]:
+        """The nodes whose count is above zero, up to date; the caller must not change the set. Kept once asked
+        for, each change reading only the nodes it touched: on a busy fleet few nodes have room, and finding them
+        among all the counts was most of a host order's cost for a lease that queues (docs/BENCHMARKS.md)."""
+        entry = self._current(t, unit, nodes, count)
+        if entry[4] is None:
+            entry[4] = {node for node, copies in entry[1].items() if copies > 0}
+        roomy: set[int] = entry[4]
+        return roomy
 
     def subtotal(self, t: float, unit: Res, nodes: Iterable[int], only: Iterable[int], count: _Count) -> int:
         """The sum of the counts over the nodes of `only` that are among `nodes`."""

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from leases import slottable
 from leases.slottable import Overcommit, Res, Reservation, RoomCounts, SlotTable
 
 # Every Haizea test trace starts at 2006-11-25 13:00:00 on nodes of CPU 100 / Memory 1024 MB.
@@ -649,6 +650,51 @@ def test_room_counts_recount_only_the_touched_nodes_and_forget_past_instants():
     room.forget_before(11)
     assert room.total(10, Res(50, 512), [1, 2], count) == 1
     assert asked[-1] == [1, 2]  # counted afresh
+
+
+def test_room_counts_keep_the_nodes_with_room_as_changes_take_it_and_give_it_back():
+    table = SlotTable({n: Res(100, 1024) for n in range(1, 6)})
+    unit = Res(50, 512)
+
+    def count(nodes):
+        return table.copies_many(list(nodes), unit, 10)
+
+    room = RoomCounts()
+    assert room.with_room(10, unit, range(1, 6), count) == {1, 2, 3, 4, 5}
+    table.add(Reservation(1, 1, "vm", 0, 100, {2: Res(100, 1024), 4: Res(60, 0)}))
+    room.touch([2, 4])
+    assert room.with_room(10, unit, range(1, 6), count) == {1, 3, 5}
+    assert room.counts(10, unit, range(1, 6), count) == {1: 2, 2: 0, 3: 2, 4: 0, 5: 2}
+    table.remove(1)
+    # Past the log's limit: the entry is handed the nodes to recount.
+    for _ in range(RoomCounts._LOG_LIMIT // 2 + 1):
+        room.touch([2, 4])
+    assert room.total(10, unit, range(1, 6), count) == 10
+    assert room.with_room(10, unit, range(1, 6), count) == {1, 2, 3, 4, 5}
+
+
+def test_the_leases_in_the_way_are_kept_per_node_until_a_write_to_it_on_either_side_of_a_copy():
+    table = SlotTable({1: Res(100, 1024), 2: Res(100, 1024)})
+    table.add(Reservation(1, 7, "vm", 0, 100, {1: Res(60, 512), 2: Res(60, 512)}))
+    need = Res(50, 512)
+    assert table.blocking_leases(1, need, 10, 50) == {7}
+    table.blocking_leases(1, need, 10, 50).discard(7)  # the caller's own set
+    assert table.blocking_leases(1, need, 10, 50) == {7}
+    copy = table.copy()
+    copy.add(Reservation(2, 8, "vm", 20, 30, {1: Res(30, 0)}))
+    assert copy.blocking_leases(1, Res(20), 10, 50) == {7, 8}
+    assert table.blocking_leases(1, Res(20), 10, 50) == set(), "the copy's write is not the original's"
+    table.add(Reservation(3, 9, "vm", 40, 60, {1: Res(30, 0)}))
+    assert table.blocking_leases(1, Res(20), 10, 50) == {7, 9}
+    table.remove(1)
+    assert table.blocking_leases(1, need, 10, 50) == set()
+    assert table.blocking_leases(2, need, 10, 50) == set()
+    table.replace(Reservation(3, 9, "vm", 40, 60, {2: Res(30, 0)}))  # moved between nodes: a shift
+    assert table.blocking_leases(1, Res(80), 10, 50) == set()
+    assert table.blocking_leases(2, Res(80), 10, 50) == {9}
+    for k in range(3 * slottable.BLOCKED_KEPT):  # a pass's `now` after another, the node never written to
+        assert table.blocking_leases(2, Res(80), 45 + k / 1000, 50) == {9}
+    assert 0 < len(table._blocked[2]) <= slottable.BLOCKED_KEPT
 
 
 def test_a_resource_first_used_late_reads_as_zero_before_and_counts_after():
