@@ -42,7 +42,7 @@ from leases.lifecycle import LeaseState
 from leases.models import Lease, SchedulerState
 from leases.scheduler import Estimate, Scheduler, Snapshot, forecast, snapshot
 from slotkeeper import events, metrics, planlock
-from slotkeeper.bulk import update_many
+from slotkeeper.bulk import Row, update_many
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +170,7 @@ def commit(job: Job, estimates: Mapping[int, Estimate]) -> int | None:
             if not won:
                 return None
             rows = _changed(estimates)
-            written = update_many(rows, ESTIMATE_FIELDS)
+            written = update_many(rows, ESTIMATE_FIELDS, model=Lease)
             if rows:
                 # Written after the pass's own "slots-changed" went out: the consoles showing them fetch again.
                 events.send_on_commit("slots-changed", leases=sorted(row.pk for row in rows)[:50])
@@ -219,10 +219,10 @@ _running = threading.Lock()
 def write(estimates: Mapping[int, Estimate]) -> int:
     """Each queued lease's estimate, and none for every lease that had one and is no longer queued; only the rows
     whose values change are written."""
-    return update_many(_changed(estimates), ESTIMATE_FIELDS)
+    return update_many(_changed(estimates), ESTIMATE_FIELDS, model=Lease)
 
 
-def _changed(estimates: Mapping[int, Estimate]) -> list[Lease]:
+def _changed(estimates: Mapping[int, Estimate]) -> list[Row]:
     current = Lease.objects.filter(
         Q(state__in=QUEUED) | Q(estimated_start__isnull=False) | ~Q(estimate_note="")
     ).values_list("pk", "estimated_start", "estimated_end", "estimate_note")
@@ -239,7 +239,7 @@ def _changed(estimates: Mapping[int, Estimate]) -> list[Lease]:
             )
         )
         if (start, end, note) != want:
-            rows.append(Lease(pk=pk, estimated_start=want[0], estimated_end=want[1], estimate_note=want[2]))
+            rows.append(Row(pk=pk, estimated_start=want[0], estimated_end=want[1], estimate_note=want[2]))
     return rows
 
 

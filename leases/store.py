@@ -57,7 +57,7 @@ from leases.scheduler import (
 from leases.slottable import Res
 from slotkeeper import audit, events, metrics, planlock, planwake
 from slotkeeper.audit import actor_label
-from slotkeeper.bulk import insert_many, update_many
+from slotkeeper.bulk import Row, insert_many, update_many
 
 log = logging.getLogger(__name__)
 # Node names per cached scheduler (see Planning.names).
@@ -922,11 +922,11 @@ def _report_placed(plan: Planning, changes: list[Change]) -> None:
         if lease_id in replaced:
             message = f"re-placed when its reservation came due ({replaced[lease_id]}): {plan.scheduler.describe(lease_id)}"
         rows.append(placement_report(plan, lease_id, message=message, requested_by="scheduler"))
-        messages.append(Lease(pk=lease_id, message=message))
+        messages.append(Row(pk=lease_id, message=message))
     if rows:
         insert_many(rows)
         # The decision message said "queued at position N"; it now says where the lease runs.
-        update_many(messages, ["message"])
+        update_many(messages, ["message"], model=Lease)
 
 
 def _record_displaced(
@@ -1017,7 +1017,7 @@ def _write_states(changes: list[Change]) -> None:
         )
         current[change.lease_id] = str(change.state)
     insert_many(history)
-    update_many([Lease(pk=pk, state=state) for pk, state in current.items()], ["state"])
+    update_many([Row(pk=pk, state=state) for pk, state in current.items()], ["state"], model=Lease)
 
 
 def _reservation_fields(r: ReservationRecord) -> dict:
@@ -1099,7 +1099,7 @@ def _sync_leases(sched: Scheduler, lease_ids: set[int]) -> None:
         if rec is None:
             continue
         rows.append(
-            Lease(
+            Row(
                 pk=lease_id,
                 run_time_s=rec.run_time,
                 lost_run_time_s=rec.lost_run_time,
@@ -1110,7 +1110,7 @@ def _sync_leases(sched: Scheduler, lease_ids: set[int]) -> None:
             )
         )
     fields = ["run_time_s", "lost_run_time_s", "first_start", "ended_at", "in_future", "images"]
-    update_many(rows, fields)
+    update_many(rows, fields, model=Lease)
 
 
 def drop_cache() -> None:

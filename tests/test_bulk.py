@@ -9,7 +9,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from fleet.models import PlacementReport
-from slotkeeper.bulk import insert_many, update_many
+from slotkeeper.bulk import Row, insert_many, update_many
 
 pytestmark = pytest.mark.django_db
 
@@ -160,6 +160,31 @@ def test_update_many_writes_foreign_keys_times_and_nullable_columns(django_user_
     assert rows["bulk-2"].last_exit_code == -9 and rows["bulk-0"].last_exit_code is None
     assert {r.state for r in rows.values()} == {"rescheduled"}
     assert {r.state_changed_at for r in rows.values()} == {now + timedelta(seconds=1)}
+
+
+def test_rows_write_a_model_s_fields_as_its_instances_would_and_nothing_else():
+    """update_many(..., model=M) with Rows (a pass's lease states, times and messages): the same statement as
+    for model instances, times, JSON and a primary key read as `pk` included."""
+    from datetime import timedelta
+
+    from leases.models import Lease
+
+    now = timezone.now()
+    leases = [Lease.objects.create(name=f"row-{i}", type="best_effort", duration_s=60,
+        vnodes=[{"cpu_cores": 1}], submitted_at=now, message="before") for i in range(3)]  # fmt: skip
+    rows = [
+        Row(pk=lease.pk, state="queued", first_start=now + timedelta(seconds=i), images={"1": f"img-{i}"})
+        for i, lease in enumerate(leases)
+    ]
+    rows[2].first_start = None
+    assert update_many(rows, ["state", "first_start", "images"], model=Lease) == 3
+    got = {lease.pk: lease for lease in Lease.objects.filter(pk__in=[lease.pk for lease in leases])}
+    for i, lease in enumerate(leases):
+        assert got[lease.pk].state == "queued"
+        assert got[lease.pk].images == {"1": f"img-{i}"}
+        assert got[lease.pk].message == "before", "a field not named is not written"
+    assert got[leases[0].pk].first_start == now
+    assert got[leases[2].pk].first_start is None
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="the PostgreSQL columns")
