@@ -80,7 +80,8 @@ class RoomCounts:
     def with_room(self, t: float, unit: Res, nodes: Iterable[int], count: _Count) -> set[int]:
         """The nodes whose count is above zero, up to date; the caller must not change the set. Kept once asked
         for, each change reading only the nodes it touched: on a busy fleet few nodes have room, and finding them
-        among all the counts was most of a host order's cost for a lease that queues (docs/BENCHMARKS.md)."""
+        among all the counts read every node's count for every lease that queues (docs/BENCHMARKS.md, "Placement
+        reports stored as text")."""
         entry = self._current(t, unit, nodes, count)
         if entry[4] is None:
             entry[4] = {node for node, copies in entry[1].items() if copies > 0}
