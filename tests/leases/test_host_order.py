@@ -165,22 +165,28 @@ def test_a_batch_sharing_its_now_on_a_fleet_with_no_idle_node_plans_as_the_full_
 
     def plan(lazy: bool) -> list:
         monkeypatch.setattr(mapper, "LAZY_NODES", 0 if lazy else 1 << 30)
-        rng = random.Random(4)
-        s = Scheduler({n: Res(800, 8192, 80, 0, 0) for n in range(1, 13)}, SchedulerConfig())
-        for n in range(1, 13):  # every node busy with something, ending at different times
-            s.submit(LeaseRequest(n, "best_effort", 0, None, 600 * n, (Res(100, 1024),)), 0)
-        for i in range(60):
-            vnodes = tuple(rng.choice(VMS) for _ in range(rng.randint(1, 2)))
-            s.submit(LeaseRequest(100 + i, "best_effort", 100, None, 1800, vnodes), 100, defer=True)
-        s.submit(LeaseRequest(999, "best_effort", 100, None, 1800, (VMS[0],)), 100)
-        return sorted(
-            (lid, r.kind, r.start, r.end, sorted(r.nodes.items()))
-            for lid, rec in s.leases.items()
-            for r in rec.reservations
-            if r.status != "cancelled"
-        )
+        return busy_batch(random.Random(4), 12, lambda n: (600 * n, Res(100, 1024)), 60, 2)
 
     assert plan(lazy=True) == plan(lazy=False)
+
+
+def busy_batch(rng: random.Random, nodes: int, busy, batch: int, most_vms: int) -> list:
+    """The plan (sorted live reservations) of a fleet whose every node is busy with one lease (`busy(n)`: its
+    duration and size, so they end at different times), then `batch` submissions sharing one `now`."""
+    s = Scheduler({n: Res(800, 8192, 80, 0, 0) for n in range(1, nodes + 1)}, SchedulerConfig())
+    for n in range(1, nodes + 1):
+        duration, size = busy(n)
+        s.submit(LeaseRequest(n, "best_effort", 0, None, duration, (size,)), 0)
+    for i in range(batch):
+        vnodes = tuple(rng.choice(VMS) for _ in range(rng.randint(1, most_vms)))
+        s.submit(LeaseRequest(100 + i, "best_effort", 100, None, 1800, vnodes), 100, defer=True)
+    s.submit(LeaseRequest(999, "best_effort", 100, None, 1800, (VMS[0],)), 100)  # runs the queue once
+    return sorted(
+        (lid, r.kind, r.start, r.end, sorted(r.nodes.items()))
+        for lid, rec in s.leases.items()
+        for r in rec.reservations
+        if r.status != "cancelled"
+    )
 
 
 @pytest.mark.parametrize("seed", [4, 9])
@@ -193,20 +199,7 @@ def test_the_few_nodes_with_room_sorted_by_the_kept_scores_come_in_the_order_of_
     def plan(lazy: bool, few: int) -> list:
         monkeypatch.setattr(mapper, "LAZY_NODES", 0 if lazy else 1 << 30)
         monkeypatch.setattr(mapper, "FEW_WITH_ROOM", few)
-        rng = random.Random(seed)
-        s = Scheduler({n: Res(800, 8192, 80, 0, 0) for n in range(1, 25)}, SchedulerConfig())
-        for n in range(1, 25):  # every node busy with something, ending at different times
-            s.submit(LeaseRequest(n, "best_effort", 0, None, 300 * n, (Res(100 * (n % 4 + 1), 1024),)), 0)
-        for i in range(120):
-            vnodes = tuple(rng.choice(VMS) for _ in range(rng.randint(1, 3)))
-            s.submit(LeaseRequest(100 + i, "best_effort", 100, None, 1800, vnodes), 100, defer=True)
-        s.submit(LeaseRequest(999, "best_effort", 100, None, 1800, (VMS[0],)), 100)
-        return sorted(
-            (lid, r.kind, r.start, r.end, sorted(r.nodes.items()))
-            for lid, rec in s.leases.items()
-            for r in rec.reservations
-            if r.status != "cancelled"
-        )
+        return busy_batch(random.Random(seed), 24, lambda n: (300 * n, Res(100 * (n % 4 + 1), 1024)), 120, 3)
 
     sorted_few = plan(lazy=True, few=1 << 30)  # every _rest sorts the nodes with room
     walked = plan(lazy=True, few=0)  # every _rest walks the ranking
