@@ -28,7 +28,7 @@ from django.db import connection, models
 class Row(SimpleNamespace):
     """A row for `update_many(..., model=M)`: its primary key as `pk` and each written field by attribute name.
     Building a model instance sets every one of its fields (a default each): 40-55 µs for a lease, against well
-    under one for this, and a pass writes a lease's state, times and message for every request it decides."""
+    under one for this, and a pass writes the state and the times of every lease it decides."""
 
     pk: object
 
