@@ -21,9 +21,15 @@ def test_an_admin_lists_searches_and_reads_a_report_and_cannot_change_it():
         request={"type": "immediate"},
         outcome="rejected",
         message="no node holds it",
-        verdicts={"v": 3, "summary": "needs 2 × (4 cores); the fleet holds 0 now", "counts": {"evaluated": 3}},
+        verdicts={
+            "v": 3,
+            "summary": "needs 2 × (4 cores); the fleet holds 0 now",
+            "counts": {"evaluated": 3},
+        },
     )
-    PlacementReport.objects.create(created_at=T0, subject="lease:7", request={}, outcome="placed", verdicts=[])
+    PlacementReport.objects.create(
+        created_at=T0, subject="lease:7", request={}, outcome="placed", verdicts=[]
+    )
     changelist = reverse("admin:fleet_placementreport_changelist")
     found = client.get(changelist, {"q": "lease:42", "outcome__exact": "rejected"})
     assert found.status_code == 200
@@ -31,6 +37,8 @@ def test_an_admin_lists_searches_and_reads_a_report_and_cannot_change_it():
     page = client.get(reverse("admin:fleet_placementreport_change", args=[report.pk]))
     assert page.status_code == 200
     assert "the fleet holds 0 now" in page.content.decode(), "the verdicts are shown, read back from the text"
-    changed = client.post(reverse("admin:fleet_placementreport_change", args=[report.pk]), {"outcome": "placed"})
+    changed = client.post(
+        reverse("admin:fleet_placementreport_change", args=[report.pk]), {"outcome": "placed"}
+    )
     assert changed.status_code == 403
     assert PlacementReport.objects.get(pk=report.pk).outcome == "rejected"
