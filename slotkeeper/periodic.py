@@ -9,7 +9,9 @@ instances package) instead of keeping a registry that apps fill in at start-up a
 from __future__ import annotations
 
 import logging
+import time
 
+from django.conf import settings
 from django.utils import timezone
 
 from leases.instances.actions import periodic
@@ -17,16 +19,29 @@ from slotkeeper import shutdown
 
 log = logging.getLogger(__name__)
 
-STEPS = (("fleet.sweep", periodic.sweep), ("leases.tick", periodic.tick))
+# (name, step, the least seconds between two runs of it in this process, or None for every round). Retention has
+# nothing to do most rounds: looking once a minute is plenty (beat schedules it the same way).
+STEPS = (
+    ("fleet.sweep", periodic.sweep, None),
+    ("leases.tick", periodic.tick, None),
+    ("reports.retention", periodic.retain, "RETENTION_EVERY_S"),
+)
+
+_last_run: dict[str, float] = {}
 
 
 def run_periodic() -> None:
-    for name, step in STEPS:
+    for name, step, every in STEPS:
         if shutdown.begun():
             # The process is stopping: the step in hand has finished; the next round, here or in another
             # process, does the rest (every step is idempotent and takes `now`).
             log.info("periodic round cut short: shutting down", extra={"skipped": name})
             return
+        if every is not None:
+            last = _last_run.get(name)
+            if last is not None and time.monotonic() - last < settings.SLOTKEEPER[every]:
+                continue
+            _last_run[name] = time.monotonic()
         try:
             step(timezone.now())
         except Exception:

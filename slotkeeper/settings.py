@@ -22,6 +22,23 @@ def env_bool(name: str, default: bool) -> bool:
     return value.strip().lower() in {"1", "true", "yes", "on"}
 
 
+def env_seconds(name: str, default: float, *, at_least: float) -> float:
+    """A duration in seconds from the environment, refused at start-up (with the variable's name) when it is not
+    a number or shorter than `at_least`."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value >= at_least:  # also refuses nan
+        from django.core.exceptions import ImproperlyConfigured
+
+        raise ImproperlyConfigured(f"{name} must be a number of seconds, at least {at_least:g}; got {raw!r}")
+    return value
+
+
 DEBUG = env_bool("DEBUG", False)
 
 # A missing SECRET_KEY is fine for a laptop demo but never for production: the key is generated per process and
@@ -203,6 +220,8 @@ CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT = 4.0
 CELERY_TIMEZONE = "UTC"
 # `expires`: a tick that waited longer than its period is pointless, so ticks queued while every worker was down
 # are dropped instead of running back to back when the workers return.
+# How often the periodic work looks for placement reports past their retention (SLOTKEEPER below).
+RETENTION_EVERY_S = float(os.environ.get("SLOTKEEPER_RETENTION_EVERY_S", "60"))
 CELERY_BEAT_SCHEDULE = {
     "sweep-nodes": {
         "task": "leases.instances.tasks.sweep_nodes",
@@ -210,6 +229,11 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": 10},
     },
     "tick-leases": {"task": "leases.instances.tasks.tick", "schedule": 5.0, "options": {"expires": 10}},
+    "retain-reports": {
+        "task": "leases.instances.tasks.retain_reports",
+        "schedule": RETENTION_EVERY_S,
+        "options": {"expires": 60},
+    },
 }
 
 # Run the periodic work inside the web process (embedded mode). Off when REDIS_URL is set (beat does it) and
@@ -228,6 +252,12 @@ SLOTKEEPER = {
     # At most one history sample per node this often: the latest report is always on the node row, and a chart
     # of the last hour needs no more (at 10,000 nodes every 5 s, one row per heartbeat was 7.2 million an hour).
     "HEALTH_SAMPLE_EVERY_S": float(os.environ.get("SLOTKEEPER_HEALTH_SAMPLE_EVERY_S", "30")),
+    # How long placement reports are kept (leases/instances/actions/retention.py): a preview's, whose answer was
+    # given inline, and a decision's, which is kept longer still while its lease is not final or a pending
+    # reschedule points at it. At least an hour each: a request's waiter reads its report after the decision.
+    "PREVIEW_REPORT_RETENTION_S": env_seconds("SLOTKEEPER_PREVIEW_REPORT_RETENTION_S", 86400, at_least=3600),
+    "REPORT_RETENTION_S": env_seconds("SLOTKEEPER_REPORT_RETENTION_S", 30 * 86400, at_least=3600),
+    "RETENTION_EVERY_S": RETENTION_EVERY_S,
     # Node tokens each web process remembers (slotkeeper/auth.py node_tokens), and for how long: a heartbeat from a
     # node seen within the TTL skips the token lookup. Every use is checked against the node row in the same
     # statement (for a buffered heartbeat, the flush's), so the TTL bounds memory, not how long a rotated or fenced

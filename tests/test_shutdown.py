@@ -162,7 +162,9 @@ def test_a_periodic_round_stops_between_steps_once_shutdown_began(monkeypatch):
         ran.append("first")
         shutdown.begin("test", exit_deadline_s=None)
 
-    monkeypatch.setattr(periodic, "STEPS", (("first", first), ("second", lambda now: ran.append("second"))))
+    monkeypatch.setattr(
+        periodic, "STEPS", (("first", first, None), ("second", lambda now: ran.append("second"), None))
+    )
     periodic.run_periodic()
     assert ran == ["first"]
 

@@ -15,3 +15,8 @@ def tick() -> None:
 @shared_task(ignore_result=True)
 def sweep_nodes() -> None:
     periodic.sweep(timezone.now())
+
+
+@shared_task(ignore_result=True)
+def retain_reports() -> None:
+    periodic.retain(timezone.now())

@@ -469,7 +469,13 @@ def beat_schedule_tasks() -> list[str]:
         for node in tree.body
         if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "CELERY_BEAT_SCHEDULE"
     ]
-    return [entry["task"] for entry in ast.literal_eval(schedule).values()]
+    # Each entry's "task" (the rest of an entry may name settings, which literal_eval cannot read).
+    return [
+        ast.literal_eval(value)
+        for entry in schedule.values
+        for key, value in zip(entry.keys, entry.values, strict=True)
+        if ast.literal_eval(key) == "task"
+    ]
 
 
 def test_beat_sends_only_tasks_that_exist():

@@ -1,5 +1,6 @@
-"""The periodic work, composed: the sweep (fleet's, then node loss) and the tick (the lease core's, then restarts
-whose backoff passed, then drains with a deadline). The embedded loop and Celery beat both run these."""
+"""The periodic work, composed: the sweep (fleet's, then node loss), the tick (the lease core's, then restarts
+whose backoff passed, then drains with a deadline), and retention (placement reports past theirs). The embedded
+loop and Celery beat both run these."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from datetime import datetime
 from django.db.models import Count
 
 from leases import actions as lease_actions
-from leases.instances.actions import drains, nodes, restarts
+from leases.instances.actions import drains, nodes, restarts, retention
 from leases.instances.models import Reschedule
 
 
@@ -22,6 +23,11 @@ def tick(now: datetime) -> None:
 
 def sweep(now: datetime):
     return nodes.sweep(now)
+
+
+def retain(now: datetime) -> retention.Pruned:
+    """Placement reports past their retention deleted, a bounded amount a call (retention.py)."""
+    return retention.prune_reports(now)
 
 
 def reschedule_gauges():
