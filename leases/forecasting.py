@@ -7,8 +7,9 @@ entry (the queue, the unusable nodes, the fleet's shape: a signature of them is 
 least once a minute (time moves estimates that would start now). Its cost grows with queued leases x nodes
 (bench/bench_forecast.py: about 1.3 s of CPU at 2,000 x 1,000, 8-10 s of wall time on a loaded machine), so:
 
-- while that product is small (INLINE_WORK, about 25 ms) the pass runs it at once and writes the estimates in its
-  own transaction: the page a submission lands on already shows its estimate, and no second transaction is needed;
+- while that product is small (INLINE_WORK) and the forecast, at what the last inline one cost per unit, would take
+  at most INLINE_BUDGET_S (25 ms), the pass runs it at once and writes the estimates in its own transaction: the
+  page a submission lands on already shows its estimate, and no second transaction is needed;
 - beyond that, only a tick that holds the forecast runner (`runner`: one at a time per process, and on PostgreSQL
   across processes) takes a `Snapshot` under the lock, which costs the queue's length, not the forecast's; the
   tick computes the forecast from it after its pass commits, outside the lock, and `commit` writes the estimates
@@ -48,6 +49,13 @@ log = logging.getLogger(__name__)
 
 # What a pass computes inline: queued leases x nodes. About 25 ms of forecast at the bench's per-lease cost.
 INLINE_WORK = 50_000
+# ...and at most this long as last measured. What one lease x node costs depends on the plan the queue is packed
+# into: on an empty fleet about 0.5 µs, on a full one (1,000 nodes, 3,400 leases running) about 35 µs, when a
+# forecast of 50 queued leases took 1.7 s, inside every pass and so inside every lease request's answer. Each
+# inline forecast measures its cost per unit; a pass whose forecast would take longer at that rate leaves it to
+# the tick, outside the plan lock (the large queue's path).
+INLINE_BUDGET_S = 0.025
+_per_unit_s = INLINE_BUDGET_S / INLINE_WORK
 # The forecast looks at no more queued leases than this; the rest say so in their note.
 LIMIT = 5_000
 EVERY_S = 60.0
@@ -99,9 +107,17 @@ def refresh(
     old = state.forecast_at is None or (now - state.forecast_at).total_seconds() >= EVERY_S
     if not (state.forecast_stale or old):
         return None
-    if len(queue) * max(len(sched.table.nodes), 1) <= INLINE_WORK:
-        started = time.perf_counter()
-        written = write(forecast(sched, now.timestamp(), excluded, limit=LIMIT))
+    work = len(queue) * max(len(sched.table.nodes), 1)
+    if work <= INLINE_WORK and work * _per_unit_s <= INLINE_BUDGET_S:
+        started, started_cpu = time.perf_counter(), time.thread_time()
+        estimates = forecast(sched, now.timestamp(), excluded, limit=LIMIT)
+        cpu = _learn(work, time.thread_time() - started_cpu)
+        if cpu > INLINE_BUDGET_S:
+            log.info(
+                "queue forecast slower than a pass may wait: ticks compute it until it is cheap again",
+                extra={"queued": len(queue), "ms": round(1e3 * cpu)},
+            )
+        written = write(estimates)
         _taken(state, signature)
         state.forecast_at = now
         log.debug(
@@ -120,6 +136,15 @@ def refresh(
     return job
 
 
+def _learn(work: int, cpu_s: float) -> float:
+    """Remembers what a forecast cost, in CPU seconds per queued lease x node: the latest is the best guess (the
+    cost follows the plan, which changes slowly). Inline forecasts and the ticks' both teach it, so passes go
+    back to forecasting inline once the fleet is cheap to pack again."""
+    global _per_unit_s
+    _per_unit_s = cpu_s / max(work, 1)
+    return cpu_s
+
+
 def _taken(state: SchedulerState, signature: str) -> None:
     state.forecast_signature, state.forecast_stale, state.forecast_version = signature, False, state.version
 
@@ -130,7 +155,9 @@ def complete(job: Job) -> int | None:
     # This thread's CPU: in the embedded run the web process's other threads run alongside.
     started, started_cpu = time.perf_counter(), time.thread_time()
     estimates = forecast(job.snapshot, job.now.timestamp(), job.excluded, limit=LIMIT)
-    cpu = time.thread_time() - started_cpu
+    cpu = _learn(
+        len(job.snapshot.queue) * max(len(job.snapshot.table.nodes), 1), time.thread_time() - started_cpu
+    )
     written = commit(job, estimates)
     metrics.inc("slotkeeper_forecast_runs_total", outcome="written" if written is not None else "dropped")
     metrics.inc("slotkeeper_forecast_cpu_seconds_total", cpu)

@@ -49,6 +49,15 @@ def _fresh_node_tokens():
     node_tokens.clear()
 
 
+@pytest.fixture(autouse=True)
+def _forecast_cost_unlearned(monkeypatch):
+    # What an inline queue forecast cost is learned per process (leases/forecasting.py): each test starts from
+    # the default, whatever the tests before it planned.
+    from leases import forecasting
+
+    monkeypatch.setattr(forecasting, "_per_unit_s", forecasting.INLINE_BUDGET_S / forecasting.INLINE_WORK)
+
+
 @pytest.fixture
 def t0():
     return T0

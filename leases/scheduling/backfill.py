@@ -7,7 +7,7 @@ PURE: no Django.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from leases.lifecycle import LeaseState
 from leases.scheduling.mapper import ONE_CPU, Mapper
@@ -34,9 +34,20 @@ class Backfilling(Mapper):
         return len(self._future) < self.config.max_in_future
 
     def _process_queue(self, now: float) -> None:
+        if self._queue and not self._usable_nodes():
+            return  # every node is excluded (all stale, say): no lease can start, now or at any later instant
         waiting: list[tuple[float, int, int]] = []
         stopped = False
         room: dict[Res, list[int]] = {}  # copies of a unit that fit now (bound, count; -1 = not counted yet)
+        # The instants capacity comes back (_future_points), read once and again only after a commit: at every
+        # queued lease it listed every reservation after `now` (15 ms each with 3,000 leases running).
+        ends: list[list[float]] = []
+
+        def future_points() -> list[float]:
+            if not ends:
+                ends.append(self._future_points(now))
+            return ends[0]
+
         for entry in self._queue:
             if stopped:
                 waiting.append(entry)
@@ -57,16 +68,18 @@ class Backfilling(Mapper):
                 stopped = self.config.backfilling == "off"
                 continue
             try:
-                plan = self._plan_asap(rec, now, allow_future=future)
+                plan = self._plan_asap(rec, now, allow_future=future, future_points=future_points)
                 if plan is None:
                     waiting.append(entry)
                     stopped = self.config.backfilling == "off"
                     continue
                 room.clear()
+                ends.clear()
                 self._commit(rec, plan, now)
                 self._queue_keys.pop(entry[2], None)
             except Exception as exc:
                 room.clear()
+                ends.clear()
                 self._contain(rec, now, exc)
         self._queue = waiting
 
@@ -91,7 +104,13 @@ class Backfilling(Mapper):
             return self.table.total_free_cpu_at(now) <= 0
         return self._room.total(now, ONE_CPU, self._usable_nodes(), self._counter(ONE_CPU, now)) == 0
 
-    def _plan_asap(self, rec: LeaseRecord, now: float, allow_future: bool) -> Plan | None:
+    def _plan_asap(
+        self,
+        rec: LeaseRecord,
+        now: float,
+        allow_future: bool,
+        future_points: Callable[[], list[float]] | None = None,
+    ) -> Plan | None:
         req = rec.request
         resuming = rec.state in SUSPENDED_STATES
         remaining = req.duration - rec.run_time
@@ -112,7 +131,8 @@ class Backfilling(Mapper):
         threshold = self.timing.threshold_for(rec)
         plan = self._first_fit(rec, [now], now, duration, threshold, strict, only)
         if plan is None and allow_future:
-            plan = self._first_fit(rec, self._future_points(now), now, duration, threshold, strict, only)
+            points = future_points() if future_points is not None else self._future_points(now)
+            plan = self._first_fit(rec, points, now, duration, threshold, strict, only)
             if plan is not None:
                 plan.in_future = True
         return plan

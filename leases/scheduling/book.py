@@ -95,6 +95,8 @@ class PlanBook:
         self._fleet = tuple(self.table.capacity(n) for n in self.table.nodes)  # fixed for a scheduler's life
         self._capacity = dict(zip(self.table.nodes, self._fleet, strict=True))
         self._packs_memo: dict[tuple[Res, ...], bool] = {}
+        # The usable nodes for the exclusions in force: (the exclusions, how many, the table's nodes, the list).
+        self._usable_memo: tuple[Mapping[int, str], int, tuple[int, ...], list[int]] | None = None
         # Per lease id: the smallest vnode, and the suspend/resume estimates, asked for at every queue pass.
         self._smallest: dict[int, Res] = {}
         self._orders: dict[int, list[int]] = {}

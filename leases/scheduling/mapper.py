@@ -68,9 +68,23 @@ class Mapper(PlanBook):
         return lambda nodes: self.table.copies_many(nodes, unit, t)
 
     def _usable_nodes(self) -> Sequence[int]:
-        if not self._excluded:
-            return self.table.nodes  # asked at every room count: no list to build in the common case
-        return [n for n in self.table.nodes if n not in self._excluded]
+        """The table's nodes less the exclusions in force. Asked at every room count, and a live fleet always has
+        some node excluded (draining, stale, dead): the list is built once per set of exclusions, not once per
+        ask (a queue pass asked it for every queued lease at every future instant: 85 µs each at 1,000 nodes,
+        10 s of a 15-request profile with 20 leases queued)."""
+        excluded = self._excluded
+        if not excluded:
+            return self.table.nodes  # no list to build in the common case
+        nodes = self.table.nodes
+        got = self._usable_memo
+        if got is None or got[0] is not excluded or got[1] != len(excluded) or got[2] is not nodes:
+            got = self._usable_memo = (
+                excluded,
+                len(excluded),
+                nodes,
+                [n for n in nodes if n not in excluded],
+            )
+        return got[3]
 
     def _order_of(self, req: LeaseRequest) -> list[int]:
         """size_order of the lease's vnodes, memoised: every mapping attempt asked for it afresh."""

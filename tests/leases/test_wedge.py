@@ -109,10 +109,10 @@ def test_a_lease_that_fails_while_planned_is_isolated_and_the_queue_goes_on(monk
     assert (first.state, second.state, third.state) == ("active", "ready", "queued")
     real = Scheduler._plan_asap
 
-    def broken_for_second(self, rec, now, allow_future):
+    def broken_for_second(self, rec, now, allow_future, **kwargs):
         if rec.request.id == second.pk:
             raise StopIteration
-        return real(self, rec, now, allow_future)
+        return real(self, rec, now, allow_future, **kwargs)
 
     monkeypatch.setattr(Scheduler, "_plan_asap", broken_for_second)
     actions.do_cancel_lease(None, first.pk, now=T0 + timedelta(seconds=10))
