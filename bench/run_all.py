@@ -36,6 +36,7 @@ QUICK = {
     "bench_concurrency": ["--quick"],
     "bench_forecast": ["--quick"],
     "bench_mapper": ["--nodes", "1000", "--leases", "3000", "--rounds", "1"],
+    "bench_queue_pass": ["--quick"],
 }
 
 
