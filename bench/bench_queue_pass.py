@@ -83,7 +83,10 @@ def main() -> None:
                 f"queued {queued:4d}  active {states.get('active', 0)}",
                 flush=True,
             )
-            (queued_cpu.append((queued, per_cpu)) if queued else before.append(per_cpu))
+            if queued:
+                queued_cpu.append((queued, per_cpu))
+            else:
+                before.append(per_cpu)
             wall, cpu = time.perf_counter(), time.thread_time()
     if not before or not queued_cpu:
         print("  no queue formed (or it formed at once): raise --leases or --mem-scale")

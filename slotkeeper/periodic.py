@@ -28,6 +28,7 @@ STEPS = (
 )
 
 _last_run: dict[str, float] = {}
+_clock = time.monotonic
 
 
 def run_periodic() -> None:
@@ -38,10 +39,10 @@ def run_periodic() -> None:
             log.info("periodic round cut short: shutting down", extra={"skipped": name})
             return
         if every is not None:
-            last = _last_run.get(name)
-            if last is not None and time.monotonic() - last < settings.SLOTKEEPER[every]:
+            last, at = _last_run.get(name), _clock()
+            if last is not None and at - last < settings.SLOTKEEPER[every]:
                 continue
-            _last_run[name] = time.monotonic()
+            _last_run[name] = at
         try:
             step(timezone.now())
         except Exception:

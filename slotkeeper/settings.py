@@ -218,10 +218,10 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # 4 s: the cold shutdown after it took about 3 s in tests/e2e/test_shutdown.py, and the whole stop must fit in 10.
 CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT = 4.0
 CELERY_TIMEZONE = "UTC"
+# How often the periodic work looks for placement reports past their retention (SLOTKEEPER below).
+RETENTION_EVERY_S = env_seconds("SLOTKEEPER_RETENTION_EVERY_S", 60, at_least=1)
 # `expires`: a tick that waited longer than its period is pointless, so ticks queued while every worker was down
 # are dropped instead of running back to back when the workers return.
-# How often the periodic work looks for placement reports past their retention (SLOTKEEPER below).
-RETENTION_EVERY_S = float(os.environ.get("SLOTKEEPER_RETENTION_EVERY_S", "60"))
 CELERY_BEAT_SCHEDULE = {
     "sweep-nodes": {
         "task": "leases.instances.tasks.sweep_nodes",
