@@ -512,6 +512,15 @@ class Cluster:
         self.restart(name)
         wait_for(lambda: log().count("ready.") > before, 60, f"{name} ready again")
 
+    def bring_back(self, name: str) -> None:
+        """Starts a killed Daphne or worker again and waits until it serves (`/readyz`) or consumes ("ready.")."""
+        if name.startswith("worker"):
+            self.restart_worker(name)
+            return
+        self.restart(name)
+        url = self.daphne_urls[int(name.removeprefix("daphne")) - 1]
+        wait_for(lambda: self._ready(url), 60, f"{name} ready again")
+
     def _ready(self, url: str) -> bool:
         return requests.get(url + "/readyz", timeout=2).json().get("ready") is True
 

@@ -181,3 +181,80 @@ def test_with_redis_stopped_for_20_s_scheduling_goes_on_and_consoles_resync_when
         )
     queue_drains(cluster)
     assert_invariants(cluster)
+
+
+# A pass mid-way: it holds the plan lock and waits on a lock of ours (its version row's insert, the last write
+# before its commit), so it has planned and written everything else it will.
+PASS_HELD = """
+    SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+    WHERE l.locktype = 'advisory' AND l.granted AND a.datname = %s AND a.wait_event_type = 'Lock'
+"""
+
+
+def test_killing_the_process_mid_pass_every_waiting_request_is_decided_once(cluster: Cluster):
+    """Group commit under a kill: a Daphne's pass holds every waiting request of the batch (the other Daphne's
+    too) when it is killed. Its transaction rolls back; the other Daphne's waiters must each still get one
+    answer, the killed Daphne's orphaned intents must be decided by a later pass, and nothing is stored twice."""
+    prefix = "e2e-midpass"
+    answers: dict[str, int | None] = {}
+
+    def send(which: int, name: str) -> None:
+        try:
+            response = cluster.api(which).post(
+                "/api/leases/", lease_body(name, driver="sim", type="best_effort", duration_s=3)
+            )
+        except OSError:
+            answers[name] = None  # the Daphne it went to was killed before it answered
+            return
+        answers[name] = response.status_code
+
+    def stored(state: str | None = None) -> int:
+        rows = cluster.sql("SELECT state FROM leases_lease WHERE name LIKE %s", prefix + "-%")
+        return sum(1 for (s,) in rows if state is None or s == state)
+
+    senders: list[threading.Thread] = []
+
+    def start(which: int, name: str) -> None:
+        senders.append(threading.Thread(target=send, args=(which, name)))
+        senders[-1].start()
+
+    with psycopg.connect(cluster.e2e_database_url) as blocker:
+        # Every pass ends by inserting its version row: holding that table stops each pass just before it commits.
+        blocker.execute("LOCK TABLE leases_planversion IN EXCLUSIVE MODE")
+        start(0, f"{prefix}-first")
+        holders = wait_for(
+            lambda: cluster.sql(PASS_HELD, cluster.e2e_database), 10, "a pass to hold the plan lock, mid-way"
+        )
+        victim = holders[0][0].removeprefix("e2e-")
+        # More requests on both Daphnes while that pass is stuck: their intents wait for the next pass.
+        for i in range(4):
+            start(0, f"{prefix}-d1-{i}")
+            start(1, f"{prefix}-d2-{i}")
+        wait_for(lambda: stored("new") == 9, 10, "all nine requests stored as intents")
+        cluster.procs[victim].kill9()
+        blocker.rollback()
+    say(f"killed {victim} while its pass held the plan lock and nine requests waited")
+
+    for sender in senders:
+        sender.join(30)
+    survivor = {"daphne1": 1, "daphne2": 0}.get(victim)
+    for name, status in answers.items():
+        sent_to = 0 if name.startswith((f"{prefix}-first", f"{prefix}-d1")) else 1
+        if survivor is None or sent_to == survivor:
+            assert status == 201, f"{name}, sent to a Daphne that was not killed, was answered {status}"
+    assert len(answers) == 9, f"only {len(answers)} of nine requests came back at all"
+    # The killed process's waiters are gone, not their intents: a later pass (a waiter's, or the tick's) decides them.
+    wait_for(lambda: stored("new") == 0, 20, "every stored intent to be decided")
+    names = cluster.sql(
+        "SELECT name, COUNT(*) FROM leases_lease WHERE name LIKE %s GROUP BY name", prefix + "-%"
+    )
+    assert all(count == 1 for _, count in names), f"a request stored twice: {names}"
+    answered = {name for name, status in answers.items() if status == 201}
+    assert answered <= {name for name, _ in names}, "a request answered 201 left no lease"
+
+    cluster.bring_back(victim)
+    ids = [lid for (lid,) in cluster.sql("SELECT id FROM leases_lease WHERE name LIKE %s", prefix + "-%")]
+    wait_for(lambda: all_finished(cluster, ids), 90, f"the {len(ids)} leases to finish")
+    assert set(states(cluster, ids).values()) == {"done"}
+    queue_drains(cluster)
+    assert_invariants(cluster)
