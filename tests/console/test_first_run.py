@@ -75,3 +75,25 @@ def test_make_run_passes_the_port_to_the_demo():
     makefile = (demo.settings.BASE_DIR / "Makefile").read_text()
     assert "PORT    ?= 8000" in makefile
     assert "manage.py demo --port $(PORT)" in makefile
+
+
+class _Session:
+    """The demo's `requests.Session`, served by the test client instead of a socket."""
+
+    def __init__(self, client) -> None:
+        self.client = client
+
+    def get(self, url: str, timeout: float):
+        return self.client.get(url.removeprefix("http://demo"))
+
+    def post(self, url: str, json: dict, timeout: float):
+        return self.client.post(url.removeprefix("http://demo"), json, format="json")
+
+
+def test_a_restarted_demo_keeps_its_recovery_cases_instead_of_making_them_again(admin, fleet):
+    session = _Session(admin)
+    demo._demo_recovery_cases("http://demo", session)
+    demo._demo_recovery_cases("http://demo", session)
+    names = sorted(lease["name"] for lease in admin.get("/api/leases/", {"limit": 100}).json()["results"])
+    assert names == ["crash-loop", "web-0", "web-1", "web-2"]
+    assert admin.get("/api/groups/web/").status_code == 200
