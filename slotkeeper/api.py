@@ -7,7 +7,8 @@ import logging
 
 from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.http import Http404
+from django.http import Http404, JsonResponse
+from django.views import defaults
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -97,3 +98,11 @@ def minimal_applied(response: Response) -> Response:
     """Marks an answer shaped by `Prefer: return=minimal` (RFC 7240 §3), and one that may be, for caches."""
     response["Preference-Applied"] = "return=minimal"
     return response
+
+
+def not_found(request, exception):
+    """Django's 404 for a URL no route matches (`/api/nodes/0.5/`): JSON under /api/, as every other answer of the
+    API is, and the HTML page elsewhere. A client parsing the answer got an HTML page it could not read."""
+    if request.path.startswith("/api/"):
+        return JsonResponse({"detail": "Not found: no such endpoint."}, status=404)
+    return defaults.page_not_found(request, exception)

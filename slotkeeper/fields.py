@@ -11,6 +11,7 @@ import math
 import re
 from datetime import UTC, datetime
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 # The database columns behind the API: PositiveIntegerField / IntegerField are PostgreSQL `integer`, ids `bigint`.
@@ -98,6 +99,7 @@ class BoundedDateTimeField(serializers.DateTimeField):
 CAPABILITY_RE = re.compile(r"^[a-z0-9][a-z0-9_.:/-]{0,99}$")
 
 
+@extend_schema_field({"type": "string", "pattern": CAPABILITY_RE.pattern, "maxLength": 100})
 class CapabilityField(serializers.CharField):
     default_error_messages = {
         "pattern": "A capability is lower-case letters, digits and . : / _ - (e.g. backend:claude, sensor.camera0).",

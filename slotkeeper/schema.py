@@ -1,6 +1,7 @@
-"""OpenAPI details drf-spectacular cannot infer: our Bearer token scheme."""
+"""OpenAPI details drf-spectacular cannot infer: our Bearer token scheme, the error answers, strict bodies."""
 
-from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.extensions import OpenApiAuthenticationExtension, OpenApiSerializerExtension
+from rest_framework.serializers import ListSerializer
 
 
 class BearerTokenScheme(OpenApiAuthenticationExtension):
@@ -83,3 +84,26 @@ def document_error_responses(result, generator, request, public):
 
 def _json_ref(component: str) -> dict:
     return {"application/json": {"schema": {"$ref": f"#/components/schemas/{component}"}}}
+
+
+class RefusesUnknownFields(OpenApiSerializerExtension):
+    """A request body read by a strict serializer (slotkeeper/serializers.py) says so: `additionalProperties: false`.
+    Without it the schema let a client (or a generated one) send fields the server answers 400 to."""
+
+    target_class = "slotkeeper.serializers.RefuseUnknownFieldsMixin"
+    match_subclasses = True
+
+    def map_serializer(self, auto_schema, direction):
+        schema = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
+        if direction == "request":
+            schema["additionalProperties"] = False
+            # drf-spectacular leaves a nested list's bounds out (`nodes: []` was schema-valid, and a 400).
+            for name, field in self.target.fields.items():
+                if isinstance(field, ListSerializer) and name in schema.get("properties", {}):
+                    bounds = {"minItems": 0 if field.allow_empty else 1}
+                    if field.min_length is not None:
+                        bounds["minItems"] = max(bounds["minItems"], field.min_length)
+                    if field.max_length is not None:
+                        bounds["maxItems"] = field.max_length
+                    schema["properties"][name].update({k: v for k, v in bounds.items() if v})
+        return schema

@@ -12,7 +12,8 @@ from rest_framework import serializers
 
 
 class RefuseUnknownFieldsMixin:
-    """Mixed into a Serializer: any key of the input that is not one of its fields is a 400 naming that key.
+    """Mixed into a Serializer: any key of the input that is not one of its fields is a 400 naming that key, and so
+    is a value of the wrong JSON type where DRF would convert it.
 
     Read-only fields are known, so a client may send back what it read (they are ignored, as before)."""
 
@@ -23,7 +24,45 @@ class RefuseUnknownFieldsMixin:
                 raise serializers.ValidationError(
                     {key: ["Unknown field: this API does not take it."] for key in unknown}
                 )
+            wrong = wrong_types(self.fields, data)  # type: ignore[attr-defined]
+            if wrong:
+                raise serializers.ValidationError(wrong)
         return super().to_internal_value(data)  # type: ignore[misc]
+
+
+NOT_TEXT = "Not a valid string."
+NOT_LIST = "Expected a list of items."
+
+
+def _takes_text(field: serializers.Field) -> bool:
+    if isinstance(field, serializers.MultipleChoiceField):
+        return False
+    if isinstance(field, serializers.ChoiceField):
+        return all(isinstance(key, str) for key in field.choices)
+    return isinstance(field, serializers.CharField)
+
+
+def wrong_types(fields: Mapping[str, serializers.Field], data: Mapping) -> dict[str, list | dict]:
+    """The values DRF would quietly convert: a number where a string goes (`"capabilities": [0]` became "0", a node
+    named 7), an object where a list goes (`"leases": {}` read as its keys). The schema says string and array; a
+    client sending anything else has a bug this turns into a 400. null is each field's own rule (allow_null)."""
+    wrong: dict[str, list | dict] = {}
+    for name, field in fields.items():
+        if field.read_only or name not in data or data[name] is None:
+            continue
+        value = data[name]
+        if _takes_text(field) and not isinstance(value, str):
+            wrong[name] = [NOT_TEXT]
+        elif isinstance(
+            field, serializers.ListField | serializers.ManyRelatedField | serializers.ListSerializer
+        ):
+            if not isinstance(value, list):
+                wrong[name] = [NOT_LIST]
+            elif isinstance(field, serializers.ListField) and _takes_text(field.child):
+                items = {i: [NOT_TEXT] for i, item in enumerate(value) if not isinstance(item, str)}
+                if items:
+                    wrong[name] = items
+    return wrong
 
 
 class StrictSerializer(RefuseUnknownFieldsMixin, serializers.Serializer):

@@ -71,6 +71,8 @@ def moved_admin(request, rest: str):
     return HttpResponsePermanentRedirect(f"/admin/instances/{rest}{query}", status=308)
 
 
+handler404 = "slotkeeper.api.not_found"
+
 urlpatterns = [
     path("", node_views.board, name="fleet-board"),
     path("nodes/<int:node_id>/", node_views.node_detail, name="node-detail"),

@@ -354,9 +354,11 @@ class CancelSerializer(StrictSerializer):
 class SlotWindowSerializer(serializers.Serializer):
     """The query string of GET /api/slots/ (not strict: a query string may carry `limit` and friends)."""
 
-    start = BoundedDateTimeField(required=False)
-    end = BoundedDateTimeField(required=False)
-    node = serializers.IntegerField(required=False, min_value=1, max_value=INT64_MAX)
+    start = BoundedDateTimeField(required=False, help_text="ISO time; default an hour ago")
+    end = BoundedDateTimeField(required=False, help_text="ISO time; default 25 h after start")
+    node = serializers.IntegerField(
+        required=False, min_value=1, max_value=INT64_MAX, help_text="only reservations on this node"
+    )
 
     def validate(self, attrs):
         now = timezone.now()

@@ -125,11 +125,7 @@ class SlotsView(APIView):
     permission_classes = [IsViewer]
 
     @extend_schema(
-        parameters=[
-            OpenApiParameter("start", str, description="ISO time; default an hour ago"),
-            OpenApiParameter("end", str, description="ISO time; default 25 h after start"),
-            OpenApiParameter("node", int, description="only reservations on this node"),
-        ],
+        parameters=[s.SlotWindowSerializer],  # the rules the view applies, so the schema states them
         responses={200: s.SlotWindowResponseSerializer},
     )
     def get(self, request):

@@ -146,6 +146,31 @@ class TestTransport:
         assert [n["name"] for n in response.json()["results"]] == ["tank"]
 
     @pytest.mark.parametrize(
+        "query, field",
+        [("offset=null", "offset"), ("offset=-1", "offset"), ("limit=0", "limit"), ("limit=1.5", "limit")],
+    )
+    def test_a_limit_or_offset_that_is_not_a_whole_number_is_a_400_not_the_first_page(
+        self, viewer, register_node, query, field
+    ):
+        register_node()
+        response = viewer.get(f"/api/nodes/?{query}")
+        assert response.status_code == 400
+        assert list(response.json()) == [field]
+
+    def test_an_offset_past_the_end_is_an_empty_page(self, viewer, register_node):
+        register_node()
+        response = viewer.get("/api/nodes/", {"offset": str(2**63 - 1)})
+        assert response.status_code == 200
+        assert response.json()["results"] == []
+
+    @pytest.mark.parametrize("url", ["/api/nodes/0.5/", "/api/no-such-thing/"])
+    def test_a_path_no_route_matches_under_the_api_is_a_json_404(self, viewer, url):
+        response = viewer.get(url)
+        assert response.status_code == 404
+        assert response["Content-Type"] == "application/json"
+        assert "detail" in response.json()
+
+    @pytest.mark.parametrize(
         "url",
         ["/api/nodes/?q=a%00b", "/api/nodes/?status=online%00", "/api/groups/a%00b/", "/api/nodes/?%00=1"],
     )
@@ -172,3 +197,22 @@ async def test_a_nul_in_the_query_is_refused_on_the_async_path_daphne_takes_too(
     response = await async_client.get("/api/nodes/?q=a%00b")
     assert response.status_code == 400
     assert "NUL" in response.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    "path, body, field",
+    [
+        ("/api/nodes/", {**NEW_NODE, "name": "n1", "capabilities": [0]}, "capabilities"),
+        ("/api/nodes/", {**NEW_NODE, "name": 7}, "name"),
+        ("/api/groups/", {"name": "g", "policy": "affinity", "leases": {}}, "leases"),
+        ("/api/reschedules/approve/", {"ids": [], "group": 0}, "group"),
+        ("/api/placement/preview", {"mem_mib": 1, "preferred_node": 0}, "preferred_node"),
+    ],
+)
+def test_a_number_for_a_string_or_an_object_for_a_list_is_a_400(admin, path, body, field):
+    """DRF converts these quietly (a capability "0", a node named "7", `{}` read as an empty list); the schema says
+    string and array, so the server refuses them by name and stores nothing."""
+    response = admin.post(path, body, format="json")
+    assert response.status_code == 400, response.content
+    assert field in response.json()
+    assert not Node.objects.filter(name__in=["n1", "7"]).exists()
