@@ -82,9 +82,11 @@ class _Session:
 
     def __init__(self, client) -> None:
         self.client = client
+        self.paths: list[str] = []
 
     def get(self, url: str, timeout: float):
-        return self.client.get(url.removeprefix("http://demo"))
+        self.paths.append(url.removeprefix("http://demo"))
+        return self.client.get(self.paths[-1])
 
     def post(self, url: str, json: dict, timeout: float):
         return self.client.post(url.removeprefix("http://demo"), json, format="json")
@@ -97,3 +99,10 @@ def test_a_restarted_demo_keeps_its_recovery_cases_instead_of_making_them_again(
     names = sorted(lease["name"] for lease in admin.get("/api/leases/", {"limit": 100}).json()["results"])
     assert names == ["crash-loop", "web-0", "web-1", "web-2"]
     assert admin.get("/api/groups/web/").status_code == 200
+
+
+def test_a_new_demo_finds_out_whether_its_group_exists_without_a_404_warning(admin, fleet, caplog):
+    session = _Session(admin)
+    with caplog.at_level("WARNING", logger="django.request"):
+        demo._demo_recovery_cases("http://demo", session)
+    assert [r.getMessage() for r in caplog.records if r.name == "django.request"] == []
