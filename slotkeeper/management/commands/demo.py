@@ -1,6 +1,7 @@
 """`manage.py demo` (what `make run` calls): migrate, make a demo admin, seed a demo fleet, serve the console with
 Daphne on http://127.0.0.1:8000 (`--port`, `make run PORT=…`), and run simulated agents that heartbeat through the
-real API. Ctrl-C stops everything it started.
+real API. Ctrl-C stops everything it started; on Linux its Daphne also stops when the demo is killed outright, and
+a port already in use is refused before anything starts. `SLOTKEEPER_DEMO_DIR` moves `.demo/` (secrets, logs).
 
 The terminal is for a person: Daphne's access log (two lines per agent every 5 s, about five a second) goes to
 `.demo/access.log`, the simulated agents' routine events are shown only with `--agent-events`; warnings, errors
@@ -10,12 +11,14 @@ it is not pushed off the screen."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import logging
 import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -26,7 +29,7 @@ from pathlib import Path
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
 from fleet import actions
@@ -34,7 +37,8 @@ from fleet.models import Node
 from slotkeeper.management.commands.issue_token import grant_role, issue
 from slotkeeper.shutdown import DAPHNE_TIMEOUTS
 
-DEMO_DIR = Path(settings.BASE_DIR) / ".demo"
+# The demo's secrets and logs; another folder for a second demo (or a test) that must not touch this one's tokens.
+DEMO_DIR = Path(os.environ.get("SLOTKEEPER_DEMO_DIR") or Path(settings.BASE_DIR) / ".demo")
 ASGI_APP = "slotkeeper.asgi:application"
 # The sign-in is printed again this long after the server is up: past the agents' first heartbeats, the demo
 # integration's first leases and the instances they start.
@@ -81,6 +85,13 @@ class Command(BaseCommand):
         password = self.demo_admin()
         tokens = self.demo_fleet()
         server = f"http://{host}:{port}"
+        if port_in_use(host, port):
+            # Checked before Daphne starts: its /healthz would otherwise be answered by whatever holds the port,
+            # and the demo said "running" and started its agents against it before Daphne failed to listen.
+            raise CommandError(
+                f"{host}:{port} is already in use (another Slotkeeper still running?). Stop it, or choose another "
+                f"port: make run PORT={port + 1}"
+            )
         access_log = DEMO_DIR / "access.log"
         daphne = subprocess.Popen(
             [
@@ -97,6 +108,7 @@ class Command(BaseCommand):
                 ASGI_APP,
             ],
             env={**os.environ, "EMBEDDED_LOOP": "1"},
+            preexec_fn=die_with_parent(),  # one prctl call in the child; no thread of ours runs yet
         )
         stop = threading.Event()
 
@@ -211,6 +223,37 @@ class Command(BaseCommand):
             work_root=work_root,
             sizes={pk: SimProfile(*size) for pk, size in self.sizes.items()},
         )
+
+
+def port_in_use(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # As Daphne binds: a port left in TIME_WAIT by a server that just stopped is free, a listening one is not.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent():
+    """For Popen's preexec_fn: on Linux the child gets SIGTERM (Daphne's clean shutdown) when the demo dies, however
+    it dies. Without it a demo killed with -9 (or by the OOM killer) left its Daphne serving the port with no agents:
+    the fleet went offline on the console, and the next `make run` could not listen. None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork: the child only calls it
+    parent = os.getpid()
+
+    def arm() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the demo died before the signal was armed
+            os._exit(1)
+
+    return arm
 
 
 def sign_in_reminder(server: str, password: str) -> str:
