@@ -75,6 +75,13 @@ class Command(BaseCommand):
         )
 
     def handle(self, port, host, no_agents, agent_events, **options):
+        if port_in_use(host, port):
+            # Checked before anything starts: Daphne's /healthz would otherwise be answered by whatever holds the
+            # port, and the demo said "running" and started its agents against it before Daphne failed to listen.
+            raise CommandError(
+                f"{host}:{port} is already in use (another Slotkeeper still running?). Stop it, or choose another "
+                f"port: make run PORT={port + 1}"
+            )
         if not agent_events:
             # Twelve agents in one terminal log an instance start or end every second or two; their warnings
             # and errors (an instance lost, a refused or fenced node) still show.
@@ -85,13 +92,6 @@ class Command(BaseCommand):
         password = self.demo_admin()
         tokens = self.demo_fleet()
         server = f"http://{host}:{port}"
-        if port_in_use(host, port):
-            # Checked before Daphne starts: its /healthz would otherwise be answered by whatever holds the port,
-            # and the demo said "running" and started its agents against it before Daphne failed to listen.
-            raise CommandError(
-                f"{host}:{port} is already in use (another Slotkeeper still running?). Stop it, or choose another "
-                f"port: make run PORT={port + 1}"
-            )
         access_log = DEMO_DIR / "access.log"
         daphne = subprocess.Popen(
             [
