@@ -348,7 +348,7 @@ def sentence(
         return f"{_text(dim, max(free, 0))} of disk free of {_text(dim, allocatable)} allocatable; {one}"
     if code == "at_capacity":
         return (
-            f"{_text(dim, max(free, 0))} of {what} free now of {_text(dim, allocatable)} allocatable; {one}"
+            f"{_text(dim, max(free, 0))}{of_what} free now of {_text(dim, allocatable)} allocatable; {one}"
         )
     if code == "reserved":
         who = ", ".join(str(b) for b in blockers)

@@ -80,3 +80,16 @@ def test_each_distinct_refusal_sentence_is_written_once():
     assert {r["reason"] for r in rows} == {
         "4 GiB of memory free now of 52,586 MiB allocatable; one VM needs 8 GiB"
     }
+
+
+@pytest.mark.parametrize(
+    ("dim", "said"),
+    [
+        ("cpu", "2 cores free now of 16 cores allocatable; one VM needs 4 cores"),
+        ("mem", "782 MiB of memory free now of 16 GiB allocatable; one VM needs 4 GiB"),
+    ],
+)
+def test_a_node_busy_now_says_what_is_free_once(dim, said):
+    # Seen on the demo's board: "2 cores of cores free now".
+    figures = {"cpu": (400, 200, 1600), "mem": (4096, 782, 16384)}[dim]
+    assert reports.sentence("at_capacity", dim, *figures, (), (None, None)) == said
