@@ -5,12 +5,16 @@ the node's instances."""
 
 from __future__ import annotations
 
+import json
+
 from django import forms
 from django.contrib import admin, messages
 from django.shortcuts import render
+from django.urls import reverse
 from django.utils import timezone
+from django.utils.html import format_html, format_html_join
 
-from fleet import actions
+from fleet import actions, reports
 from fleet.models import HealthSample, Node, PlacementReport
 from slotkeeper.domain import DomainError
 
@@ -160,6 +164,52 @@ class PlacementReportAdmin(admin.ModelAdmin):
     list_display = ["id", "created_at", "subject", "outcome", "message"]
     list_filter = ["outcome"]
     search_fields = ["subject"]
+    # The verdicts are stored compactly (columns, runs; docs/capacity.md): shown as that JSON, they were unreadable
+    # where an operator came to read why each node could or could not take the lease. Shown decoded instead.
+    fields = [
+        "created_at", "subject", "request", "outcome", "message", "chosen", "preferred_note", "requested_by",
+        "summary", "verdict_table",
+    ]  # fmt: skip
+    readonly_fields = ["summary", "verdict_table"]
+
+    @admin.display(description="summary")
+    def summary(self, obj: PlacementReport) -> str:
+        return obj.summary or "-"
+
+    @admin.display(description="verdicts")
+    def verdict_table(self, obj: PlacementReport):
+        if not (reports.is_compact(obj.verdicts) or isinstance(obj.verdicts, list)):
+            return format_html(
+                "<pre>{}</pre>", json.dumps(obj.verdicts, indent=1)
+            )  # a format this code predates
+        rows = obj.rows
+        link = format_html(
+            '<p><a href="{}">Open in the console</a> (sortable, with each node\'s figures).</p>',
+            reverse("placement-report", args=[obj.pk]),
+        )
+        if not rows:
+            return format_html("{}<p>No node verdicts.</p>", link)
+        body = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (
+                    v["node"],
+                    "chosen" if v["chosen"] else "fit" if v["fit"] else "no",
+                    v["holds"],
+                    v["reason_code"] or "",
+                    v["reason"] or "",
+                    v["rank"] or "",
+                )
+                for v in rows
+            ),
+        )
+        return format_html(
+            "{}<table><thead><tr><th>node</th><th>verdict</th><th>holds</th><th>code</th><th>reason</th>"
+            "<th>rank</th></tr></thead><tbody>{}</tbody></table>",
+            link,
+            body,
+        )
 
     def has_change_permission(self, request, obj=None):
         return False

@@ -1,12 +1,16 @@
-"""The Django admin shows placement reports, whose verdicts are a JSON document kept as text (JSONTextField)."""
+"""The Django admin shows placement reports, whose verdicts are a JSON document kept as text (JSONTextField), and
+shows them decoded: one row per node with its verdict and reason."""
+
+import html
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 from django.urls import reverse
+from django.utils import timezone
 
 from fleet.models import PlacementReport
-from tests.conftest import T0
+from tests.conftest import T0, healthy
 
 pytestmark = pytest.mark.django_db
 
@@ -42,3 +46,29 @@ def test_an_admin_lists_searches_and_reads_a_report_and_cannot_change_it():
     )
     assert changed.status_code == 403
     assert PlacementReport.objects.get(pk=report.pk).outcome == "rejected"
+
+
+def test_the_admin_shows_a_real_reports_verdicts_decoded_not_its_stored_columns(register_node, admin):
+    for name, cores in (("tank", 16), ("architect", 8)):
+        node, agent = register_node(name=name, cpu_cores=cores, now=timezone.now())
+        assert agent.post(f"/api/nodes/{node.pk}/heartbeat", healthy(), format="json").status_code == 200
+    body = {
+        "name": "big",
+        "type": "immediate",
+        "duration_s": 600,
+        "nodes": [{"cpu_cores": 12, "mem_mib": 1024}],
+    }
+    assert admin.post("/api/leases/", body, format="json").status_code == 201
+    report = PlacementReport.objects.get(subject__startswith="lease:")
+    root = get_user_model().objects.create_superuser(username="root", password="x")
+    client = Client()
+    client.force_login(root)
+    page = client.get(reverse("admin:fleet_placementreport_change", args=[report.pk])).content.decode()
+    assert '"v":' not in html.unescape(page), (
+        "the stored columns are not what an operator reads"
+    )
+    assert report.summary in page
+    for row in report.rows:
+        assert f"<td>{row['node']}</td>" in page
+    assert "allocates at most 8 cores even when empty; one VM needs 12 cores" in page  # architect's reason
+    assert reverse("placement-report", args=[report.pk]) in page
