@@ -347,9 +347,7 @@ def sentence(
     if code == "no_disk":
         return f"{_text(dim, max(free, 0))} of disk free of {_text(dim, allocatable)} allocatable; {one}"
     if code == "at_capacity":
-        return (
-            f"{_text(dim, max(free, 0))}{of_what} free now of {_text(dim, allocatable)} allocatable; {one}"
-        )
+        return f"{_text(dim, max(free, 0))}{of_what} free now of {_text(dim, allocatable)} allocatable; {one}"
     if code == "reserved":
         who = ", ".join(str(b) for b in blockers)
         held = f"; held by lease{'s' if ',' in who else ''} {who}" if who else ""

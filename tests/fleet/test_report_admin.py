@@ -64,9 +64,7 @@ def test_the_admin_shows_a_real_reports_verdicts_decoded_not_its_stored_columns(
     client = Client()
     client.force_login(root)
     page = client.get(reverse("admin:fleet_placementreport_change", args=[report.pk])).content.decode()
-    assert '"v":' not in html.unescape(page), (
-        "the stored columns are not what an operator reads"
-    )
+    assert '"v":' not in html.unescape(page), "the stored columns are not what an operator reads"
     assert report.summary in page
     for row in report.rows:
         assert f"<td>{row['node']}</td>" in page
