@@ -179,9 +179,8 @@ class PlacementReportAdmin(admin.ModelAdmin):
     @admin.display(description="verdicts")
     def verdict_table(self, obj: PlacementReport):
         if not (reports.is_compact(obj.verdicts) or isinstance(obj.verdicts, list)):
-            return format_html(
-                "<pre>{}</pre>", json.dumps(obj.verdicts, indent=1)
-            )  # a format this code predates
+            # Neither the compact document nor the older list of rows: shown as stored.
+            return format_html("<pre>{}</pre>", json.dumps(obj.verdicts, indent=1))
         rows = obj.rows
         link = format_html(
             '<p><a href="{}">Open in the console</a> (sortable, with each node\'s figures).</p>',
@@ -193,13 +192,13 @@ class PlacementReportAdmin(admin.ModelAdmin):
             "",
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             (
-                (
-                    v["node"],
-                    "chosen" if v["chosen"] else "fit" if v["fit"] else "no",
-                    v["holds"],
-                    v["reason_code"] or "",
-                    v["reason"] or "",
-                    v["rank"] or "",
+                (  # .get: rows stored before reports were compact may lack a field
+                    v.get("node", ""),
+                    "chosen" if v.get("chosen") else "fit" if v.get("fit") else "no",
+                    v.get("holds", ""),
+                    v.get("reason_code") or "",
+                    v.get("reason") or "",
+                    v.get("rank") or "",
                 )
                 for v in rows
             ),

@@ -70,3 +70,19 @@ def test_the_admin_shows_a_real_reports_verdicts_decoded_not_its_stored_columns(
         assert f"<td>{row['node']}</td>" in page
     assert "allocates at most 8 cores even when empty; one VM needs 12 cores" in page  # architect's reason
     assert reverse("placement-report", args=[report.pk]) in page
+
+
+def test_a_report_stored_as_rows_before_reports_were_compact_still_reads():
+    root = get_user_model().objects.create_superuser(username="root", password="x")
+    client = Client()
+    client.force_login(root)
+    report = PlacementReport.objects.create(
+        created_at=T0,
+        subject="lease:9",
+        request={},
+        outcome="rejected",
+        verdicts=[{"node": "tank", "fit": False, "reason_code": "at_capacity", "reason": "no memory free"}],
+    )
+    page = client.get(reverse("admin:fleet_placementreport_change", args=[report.pk]))
+    assert page.status_code == 200
+    assert "<td>tank</td>" in page.content.decode() and "no memory free" in page.content.decode()
