@@ -26,6 +26,7 @@ from leases.models import Allocation
 from leases.reads import committed_now
 from leases.slot_marks import Alloc, reservation_bar, row_backdrop, row_group, shorten, utilisation_strip
 from leases.slots import chart
+from slotkeeper.fields import is_id
 
 ZOOMS = {
     "1h": timedelta(hours=1),
@@ -82,7 +83,7 @@ class Filters:
     def matches_lease(self, a: Alloc) -> bool:
         if not self.lease:
             return False
-        if self.lease.isdigit():
+        if is_id(self.lease):
             return a.lease_id == int(self.lease)
         return self.lease.lower() in a.lease_name.lower()
 
@@ -169,7 +170,7 @@ def matching_nodes(filters: Filters, window: Window) -> list[int]:
         ids = list(rows.values_list("id", flat=True))
     if filters.lease:
         allocs = Allocation.objects.filter(start__lt=window.end, end__gt=window.start)
-        if filters.lease.isdigit():
+        if is_id(filters.lease):
             allocs = allocs.filter(reservation__lease_id=int(filters.lease))
         else:
             allocs = allocs.filter(reservation__lease__name__icontains=filters.lease)

@@ -22,6 +22,7 @@ from leases.models import Group, Lease, LeaseType, Reservation
 from leases.slot_marks import fits, when
 from slotkeeper.decorators import role_required
 from slotkeeper.domain import DomainError
+from slotkeeper.fields import whole_number
 
 # A lease re-planned many times keeps every report; the newest few explain its present, older ones are in the API.
 REPORTS = 20
@@ -30,7 +31,8 @@ REPORTS = 20
 def page_count(params) -> int:
     """How many row pages a live refresh re-renders: as many as the browser has loaded (console.js sends them)."""
     raw = params.get("pages", "1")
-    return max(1, min(slotchart.MAX_PAGES, int(raw))) if raw.isdigit() else 1
+    pages = whole_number(raw)
+    return max(1, min(slotchart.MAX_PAGES, pages)) if pages is not None else 1
 
 
 @role_required("viewer")
@@ -64,7 +66,7 @@ def slot_rows(request):
     window = slotchart.window_from(request.GET, timezone.now())
     filters = slotchart.Filters.from_query(request.GET)
     raw = request.GET.get("page", "0")
-    page = int(raw) if raw.isdigit() else 0
+    page = whole_number(raw) or 0
     context = slotchart.chart_context(window, filters, 1, first_page=page)
     return render(request, "leases/_slot_rows.html", context)
 

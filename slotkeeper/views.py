@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, time, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from urllib.parse import urlencode
 
 from django.db.models import Q, QuerySet
@@ -46,19 +46,28 @@ def aware(when: datetime) -> datetime:
     return when if timezone.is_aware(when) else when.replace(tzinfo=UTC)
 
 
+def _day_or_moment(text: str) -> tuple[date | None, datetime | None]:
+    """A bare date, or else a date and time, or neither. Text shaped like one but not a real one (2026-13-45, a
+    day past 9999-12-31) is neither: Django's parsers raise for it, and the audit page answered 500."""
+    try:
+        day = parse_date(text) if len(text) == 10 else None
+        return (day, None) if day is not None else (None, parse_datetime(text))
+    except (ValueError, OverflowError):
+        return None, None
+
+
 def since_q(text: str) -> Q:
-    day = parse_date(text) if len(text) == 10 else None
-    when = datetime.combine(day, time.min) if day else parse_datetime(text)
+    day, when = _day_or_moment(text)
+    when = datetime.combine(day, time.min) if day else when
     return Q(at__gte=aware(when)) if when else Q()
 
 
 def until_q(text: str) -> Q:
     # A bare date means the whole of that day, so `since=until=<day>` shows the day rather than nothing. (Checked
     # first: parse_datetime reads "2026-11-30" as that day's midnight.)
-    day = parse_date(text) if len(text) == 10 else None
+    day, when = _day_or_moment(text)
     if day is not None:
-        return Q(at__lt=aware(datetime.combine(day + timedelta(days=1), time.min)))
-    when = parse_datetime(text)
+        return Q(at__lt=aware(datetime.combine(day, time.min) + timedelta(days=1))) if day < date.max else Q()
     return Q(at__lte=aware(when)) if when else Q()
 
 

@@ -33,6 +33,7 @@ from leases.lifecycle import InstanceState
 from leases.models import Alert, Group, Instance
 from slotkeeper.decorators import role_required
 from slotkeeper.domain import DomainError, StaleVersion
+from slotkeeper.fields import INT32_MAX, is_id, whole_number
 
 PAGE = 500  # rows of a list; beyond it the page says so and the filters narrow it
 CAUSES = ("node_dead", "drain")
@@ -46,7 +47,7 @@ def ints(values: list[str]) -> list[int]:
     """Ids from a form, in order, without repeats or junk: a tampered field must not reach do_approve as a 500."""
     out: list[int] = []
     for v in values:
-        if v.isdigit() and int(v) not in out:
+        if is_id(v) and int(v) not in out:
             out.append(int(v))
     return out
 
@@ -66,7 +67,7 @@ class InstanceFilters:
         state = params.get("state", "").strip()
         return cls(
             node=params.get("node", "").strip(),
-            lease=lease if lease.isdigit() else "",
+            lease=lease if is_id(lease) else "",
             state=state if state in InstanceState._value2member_map_ else "",
         )
 
@@ -103,7 +104,11 @@ def successor(iid: str) -> Instance | None:
     """The instance an old id now goes by. A restart gives the same row a new generation (and so a new id), so a
     page left open on a crash-looping instance would 404 at its first restart without this."""
     parts = iid.split("-")
-    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+    if (
+        len(parts) != 3
+        or not is_id(parts[0])
+        or any(whole_number(p) is None or int(p) > INT32_MAX for p in parts[1:])
+    ):
         return None
     lease, vnode, generation = (int(p) for p in parts)
     return (
@@ -258,7 +263,7 @@ def reschedule_approve(request):
     if not ids:
         messages.error(request, "Select at least one proposal to approve.")
         return redirect("reschedule-list")
-    versions = {pk: int(v) for pk in ids if (v := request.POST.get(f"v{pk}", "")).isdigit()}
+    versions = {pk: int(v) for pk in ids if is_id(v := request.POST.get(f"v{pk}", ""))}
     lines = result_lines(approve_all(request.user, ids, versions))
     context = {
         "lines": lines,

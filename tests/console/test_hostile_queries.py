@@ -1,0 +1,46 @@
+"""Console pages given what a stranger types or tampers with: digits that are not ASCII ("²".isdigit() is True and
+int("²") raises), ids past the database's integers, dates shaped right but not real. Each was a 500 (found by
+probing `make run`'s pages with hostile query strings); now each is ignored or answered 404, never a 500."""
+
+from __future__ import annotations
+
+import pytest
+
+HOSTILE_GETS = [
+    ("/slots/", {"pages": "²"}),
+    ("/slots/", {"lease": "²"}),
+    ("/slots/", {"lease": "99999999999999999999"}),
+    ("/slots/rows/", {"page": "²"}),
+    ("/audit/", {"since": "2026-13-45"}),
+    ("/audit/", {"until": "2026-13-45"}),
+    ("/audit/", {"until": "9999-12-31"}),
+    ("/audit.csv", {"since": "2026-02-30"}),
+    ("/audit.csv", {"until": "2026-13-45"}),
+    ("/instances/", {"lease": "99999999999999999999"}),
+    ("/instances/²-1-0/", {}),
+    ("/instances/99999999999999999999-1-0/", {}),
+]
+
+
+@pytest.mark.parametrize(("path", "query"), HOSTILE_GETS)
+def test_a_hostile_query_is_never_a_500(ada, fleet, path, query):
+    response = ada.get(path, query)
+    assert response.status_code in (200, 404), (path, query, response.status_code)
+
+
+@pytest.mark.parametrize("page", ["confirm", "approve"])
+@pytest.mark.parametrize(("ids", "version"), [(["²"], "1"), (["99999999999999999999999"], "1"), (["1"], "²")])
+def test_tampered_reschedule_ids_or_versions_are_never_a_500(ada, fleet, page, ids, version):
+    response = ada.post(f"/reschedules/{page}", {"id": ids, "v1": version})
+    assert response.status_code < 500
+
+
+def test_a_bare_date_still_means_that_whole_day_and_a_false_one_filters_nothing():
+    from datetime import UTC, datetime
+
+    from django.db.models import Q
+
+    from slotkeeper.views import until_q
+
+    assert until_q("2026-11-30") == Q(at__lt=datetime(2026, 12, 1, tzinfo=UTC))
+    assert until_q("2026-13-45") == Q()
