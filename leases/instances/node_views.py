@@ -133,8 +133,8 @@ def drain(request, node_id: int):
         else:
             now = timezone.now()
             minutes, parallel = (
-                _positive_int(request.POST.get("deadline_min")),
-                _positive_int(request.POST.get("max_parallel")),
+                _positive_int(request.POST.get("deadline_min"), "the deadline", MAX_DEADLINE_MIN, "minutes"),
+                _positive_int(request.POST.get("max_parallel"), "moves at once", MAX_PARALLEL, "instances"),
             )
             deadline = now + timezone.timedelta(minutes=minutes) if minutes else None
             nodes.do_drain(
@@ -148,11 +148,19 @@ def drain(request, node_id: int):
     return redirect("node-detail", node_id=node_id)
 
 
-def _positive_int(raw: str | None) -> int | None:
+# The API's own bounds (fleet/api/serializers.py DrainSerializer: a deadline before year 9000, 1-1000 at once); a
+# year of minutes is far past any drain. Past them the form's figure was a 500 (timedelta or integer overflow).
+MAX_DEADLINE_MIN = 525_600
+MAX_PARALLEL = 1000
+
+
+def _positive_int(raw: str | None, what: str, most: int, unit: str) -> int | None:
     try:
         value = int(raw or "")
     except ValueError:
         return None
+    if value > most:
+        raise DomainError(f"{what} is at most {most:,} {unit}")
     return value if value > 0 else None
 
 

@@ -18,6 +18,7 @@ from django.http import Http404, HttpRequest, QueryDict
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 from django.views.decorators.vary import vary_on_headers
 from django_htmx.http import replace_url
@@ -246,6 +247,13 @@ def reschedule_confirm(request):
     return render(request, template, context)
 
 
+def _local(request, url: str) -> str:
+    """`url` if it is a path on this site, else "": the posted "back" becomes a link on the result page, and a
+    tampered one must not point elsewhere (or run `javascript:`)."""
+    ok = url.startswith("/") and url_has_allowed_host_and_scheme(url, allowed_hosts={request.get_host()})
+    return url if ok else ""
+
+
 def approve_all(user, ids: list[int], versions: dict[int, int]) -> list[reschedules.ApprovalResult]:
     try:
         return reschedules.do_approve(user, ids, now=timezone.now(), versions=versions)
@@ -270,7 +278,7 @@ def reschedule_approve(request):
         "moved": sum(line.kind == "moved" for line in lines),
         # (label, count) pairs: a Counter in a template answers `.items` as a missing key, 0.
         "counts": sorted(Counter(line.label for line in lines if line.kind != "moved").items()),
-        "back": request.POST.get("back") or reverse("reschedule-list"),
+        "back": _local(request, request.POST.get("back", "")) or reverse("reschedule-list"),
     }
     template = (
         "instances/_reschedule_result.html" if fragment(request) else "instances/reschedule_result.html"

@@ -44,3 +44,31 @@ def test_a_bare_date_still_means_that_whole_day_and_a_false_one_filters_nothing(
 
     assert until_q("2026-11-30") == Q(at__lt=datetime(2026, 12, 1, tzinfo=UTC))
     assert until_q("2026-13-45") == Q()
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "said"),
+    [
+        ("deadline_min", "99999999999999", "the deadline is at most"),
+        ("max_parallel", "99999999999", "moves at once"),
+    ],
+)
+def test_a_drain_figure_past_its_bound_is_refused_with_a_message_not_a_500(otto, fleet, field, value, said):
+    from fleet.models import Node
+
+    node = fleet[0]
+    form = {"reason": "rack move", "confirm": "1", "deadline_min": "30", "max_parallel": "2", field: value}
+    response = otto.post(f"/nodes/{node.pk}/drain", form, follow=True)
+    assert response.status_code == 200
+    assert said in response.content.decode()
+    assert Node.objects.get(pk=node.pk).status == "online", "nothing changed"
+
+
+@pytest.mark.parametrize(
+    "back", ["https://elsewhere.example/", "javascript:alert(1)", "//elsewhere.example/x"]
+)
+def test_a_tampered_back_link_after_approving_stays_on_this_site(ada, fleet, back):
+    response = ada.post("/reschedules/approve", {"id": ["1"], "back": back})
+    assert response.status_code == 200
+    assert back not in response.content.decode()
+    assert 'href="/reschedules/"' in response.content.decode()
