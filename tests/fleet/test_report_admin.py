@@ -15,10 +15,15 @@ from tests.conftest import T0, healthy
 pytestmark = pytest.mark.django_db
 
 
-def test_an_admin_lists_searches_and_reads_a_report_and_cannot_change_it():
-    root = get_user_model().objects.create_superuser(username="root", password="x")
-    client = Client()
-    client.force_login(root)
+@pytest.fixture
+def client():
+    """A superuser signed in to the admin."""
+    signed_in = Client()
+    signed_in.force_login(get_user_model().objects.create_superuser(username="root", password="x"))
+    return signed_in
+
+
+def test_an_admin_lists_searches_and_reads_a_report_and_cannot_change_it(client):
     report = PlacementReport.objects.create(
         created_at=T0,
         subject="lease:42",
@@ -48,7 +53,7 @@ def test_an_admin_lists_searches_and_reads_a_report_and_cannot_change_it():
     assert PlacementReport.objects.get(pk=report.pk).outcome == "rejected"
 
 
-def test_the_admin_shows_a_real_reports_verdicts_decoded_not_its_stored_columns(register_node, admin):
+def test_the_admin_shows_a_real_reports_verdicts_decoded_not_its_stored_columns(client, register_node, admin):
     for name, cores in (("tank", 16), ("architect", 8)):
         node, agent = register_node(name=name, cpu_cores=cores, now=timezone.now())
         assert agent.post(f"/api/nodes/{node.pk}/heartbeat", healthy(), format="json").status_code == 200
@@ -60,9 +65,6 @@ def test_the_admin_shows_a_real_reports_verdicts_decoded_not_its_stored_columns(
     }
     assert admin.post("/api/leases/", body, format="json").status_code == 201
     report = PlacementReport.objects.get(subject__startswith="lease:")
-    root = get_user_model().objects.create_superuser(username="root", password="x")
-    client = Client()
-    client.force_login(root)
     page = client.get(reverse("admin:fleet_placementreport_change", args=[report.pk])).content.decode()
     assert '"v":' not in html.unescape(page), "the stored columns are not what an operator reads"
     assert report.summary in page
@@ -72,10 +74,7 @@ def test_the_admin_shows_a_real_reports_verdicts_decoded_not_its_stored_columns(
     assert reverse("placement-report", args=[report.pk]) in page
 
 
-def test_a_report_stored_as_rows_before_reports_were_compact_still_reads():
-    root = get_user_model().objects.create_superuser(username="root", password="x")
-    client = Client()
-    client.force_login(root)
+def test_a_report_stored_as_rows_before_reports_were_compact_still_reads(client):
     report = PlacementReport.objects.create(
         created_at=T0,
         subject="lease:9",
