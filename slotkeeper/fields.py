@@ -152,6 +152,11 @@ class BoundedJSONDictField(serializers.DictField):
         return value
 
 
+# The path pattern of an integer id in the API's routes (a viewset's lookup_value_regex): DRF's default, [^/.]+,
+# let int() read "٣" (Arabic-Indic), "+3" and "1_0" as ids, so an object answered to several paths.
+ID_PATH = r"[0-9]+"
+
+
 def whole_number(value: str) -> int | None:
     """A query or form value as a whole number, or None: ASCII digits only ("²".isdigit() is True and int("²")
     raises, a 500 in every view that trusted isdigit)."""

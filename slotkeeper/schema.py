@@ -3,6 +3,8 @@
 from drf_spectacular.extensions import OpenApiAuthenticationExtension, OpenApiSerializerExtension
 from rest_framework.serializers import ListSerializer
 
+from slotkeeper.fields import ID_PATH, INT64_MAX
+
 
 class BearerTokenScheme(OpenApiAuthenticationExtension):
     target_class = "slotkeeper.auth.BearerTokenAuthentication"
@@ -107,3 +109,16 @@ class RefusesUnknownFields(OpenApiSerializerExtension):
                         bounds["maxItems"] = field.max_length
                     schema["properties"][name].update({k: v for k, v in bounds.items() if v})
         return schema
+
+
+def integer_path_ids(result, generator, request, public):
+    """drf-spectacular postprocessing hook: an id path parameter restricted to ASCII digits (`fields.ID_PATH`, a
+    viewset's lookup_value_regex) stays an integer in the schema, as it was, not a string with a pattern."""
+    digits = {"type": "string", "pattern": f"^{ID_PATH}$"}
+    for item in result.get("paths", {}).values():
+        for operation in item.values():
+            for parameter in operation.get("parameters", []) if isinstance(operation, dict) else ():
+                if parameter.get("in") == "path" and parameter.get("schema") == digits:
+                    parameter["schema"] = {"type": "integer", "minimum": 1, "maximum": INT64_MAX}
+                    parameter.setdefault("description", "The object's id, in ASCII digits.")
+    return result

@@ -320,6 +320,7 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "slotkeeper.schema.document_error_responses",
+        "slotkeeper.schema.integer_path_ids",
     ],
     "ENUM_NAME_OVERRIDES": {
         "NodeStatusEnum": "fleet.models.NodeStatus",

@@ -15,7 +15,7 @@ from fleet import actions
 from fleet.api import serializers as s
 from fleet.models import Node, PlacementReport
 from slotkeeper.auth import IsAdmin, IsNodeAgent, IsOperator, IsViewer, NodeToken, node_tokens
-from slotkeeper.fields import INT64_MAX
+from slotkeeper.fields import ID_PATH, is_id
 
 
 def validated(serializer_class, data):
@@ -25,6 +25,7 @@ def validated(serializer_class, data):
 
 
 class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    lookup_value_regex = ID_PATH
     # What fleet alone can do with a node. The operations that touch what runs on it (the agent's heartbeat and
     # assignments, drain, declare-dead, delete) are added one layer up, where instances are known
     # (leases/instances/api/nodes.py); the URLconf routes that class.
@@ -108,13 +109,11 @@ class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
         return Response(body)
 
     def _pk(self, pk) -> int:
-        try:
-            node_id = int(pk)
-        except (TypeError, ValueError):
-            raise actions.NotFound(f"node {pk} does not exist") from None
-        if not 1 <= node_id <= INT64_MAX:  # no id is; and a bigger one overflowed the database driver
+        # ASCII digits within bigint: int() also reads "٣" (Arabic-Indic), "1_0" and " 3" as ids, so one node
+        # answered to several paths (a probe rotated node 3's token through /api/nodes/٣/rotate-token/).
+        if not is_id(str(pk)):
             raise actions.NotFound(f"node {pk} does not exist")
-        return node_id
+        return int(pk)
 
     def _own_node(self, request, pk) -> Node:
         if isinstance(request.auth, Node) and request.auth.pk == self._pk(pk):
@@ -136,6 +135,7 @@ class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
 
 
 class PlacementReportViewSet(viewsets.ReadOnlyModelViewSet):
+    lookup_value_regex = ID_PATH
     queryset = PlacementReport.objects.all()
     serializer_class = s.PlacementReportSerializer
     permission_classes = [IsViewer]

@@ -22,9 +22,11 @@ from leases.models import Lease, Reservation
 from slotkeeper.api import minimal_applied, prefers_minimal
 from slotkeeper.auth import IsOperator, IsViewer
 from slotkeeper.domain import NotFound
+from slotkeeper.fields import ID_PATH, is_id
 
 
 class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
+    lookup_value_regex = ID_PATH
     queryset = Lease.objects.all()
 
     def get_serializer_class(self):
@@ -46,11 +48,9 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
         return qs
 
     def get_object(self):
-        try:
-            pk = int(self.kwargs["pk"])
-        except (TypeError, ValueError):
-            raise NotFound(f"lease {self.kwargs['pk']} does not exist") from None
-        return reads.get_lease(pk)
+        if not is_id(str(self.kwargs["pk"])):  # not int(): it also reads "٣" and "1_0" as ids
+            raise NotFound(f"lease {self.kwargs['pk']} does not exist")
+        return reads.get_lease(int(self.kwargs["pk"]))
 
     @extend_schema(
         request=s.LeaseCreateSerializer,

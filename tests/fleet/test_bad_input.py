@@ -216,3 +216,40 @@ def test_a_number_for_a_string_or_an_object_for_a_list_is_a_400(admin, path, bod
     assert response.status_code == 400, response.content
     assert field in response.json()
     assert not Node.objects.filter(name__in=["n1", "7"]).exists()
+
+
+def aliases(pk: int) -> list[str]:
+    """What int() also reads as `pk`: Arabic-Indic digits, a sign, an underscore, a leading space."""
+    return ["".join(chr(0x660 + int(d)) for d in str(pk)), f"+{pk}", f"0_{pk}", f"%20{pk}"]
+
+
+def test_an_id_is_ascii_digits_only_so_each_object_has_one_path(admin, register_node):
+    # int() read each alias as the id: every object answered to several paths, and a probe rotated a node's token
+    # through /api/nodes/٣/rotate-token/.
+    from leases.models import Lease
+
+    node, agent = register_node()
+    assert agent.post(f"/api/nodes/{node.pk}/heartbeat", healthy(), format="json").status_code == 200
+    body = {
+        "name": "one",
+        "type": "immediate",
+        "duration_s": 600,
+        "nodes": [{"cpu_cores": 1, "mem_mib": 512}],
+    }
+    assert admin.post("/api/leases/", body, format="json").status_code == 201
+    lease = Lease.objects.get()
+    report = PlacementReport.objects.get(subject=f"lease:{lease.pk}")
+    for path, pk in (
+        ("/api/nodes/{}/", node.pk),
+        ("/api/leases/{}/", lease.pk),
+        ("/api/placement/reports/{}/", report.pk),
+    ):
+        assert admin.get(path.format(pk)).status_code == 200
+        for alias in aliases(pk):
+            response = admin.get(path.format(alias))
+            assert response.status_code == 404, (path, alias)
+            assert response["Content-Type"] == "application/json"
+    assert admin.post(f"/api/nodes/{aliases(node.pk)[0]}/rotate-token/").status_code == 404
+    assert agent.post(f"/api/nodes/{node.pk}/heartbeat", healthy(), format="json").status_code == 200, (
+        "token kept"
+    )

@@ -19,7 +19,7 @@ from leases.lifecycle import InstanceState
 from leases.models import Alert, Group, GroupPolicy, Instance, InstanceEvent, Lease
 from slotkeeper.auth import IsOperator, IsViewer
 from slotkeeper.domain import NotFound
-from slotkeeper.fields import INT32_MAX, INT64_MAX, StrictBooleanField, StrictIntegerField, is_id
+from slotkeeper.fields import ID_PATH, INT32_MAX, INT64_MAX, StrictBooleanField, StrictIntegerField, is_id
 from slotkeeper.serializers import StrictModelSerializer, StrictSerializer
 
 
@@ -177,6 +177,7 @@ class RejectSerializer(StrictSerializer):
 
 
 class RescheduleViewSet(viewsets.ReadOnlyModelViewSet):
+    lookup_value_regex = ID_PATH
     serializer_class = RescheduleSerializer
 
     def get_permissions(self):
@@ -323,6 +324,7 @@ class AlertSerializer(serializers.ModelSerializer):
 
 
 class AlertViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    lookup_value_regex = ID_PATH
     serializer_class = AlertSerializer
 
     def get_permissions(self):
