@@ -253,3 +253,20 @@ def test_an_id_is_ascii_digits_only_so_each_object_has_one_path(admin, register_
     assert agent.post(f"/api/nodes/{node.pk}/heartbeat", healthy(), format="json").status_code == 200, (
         "token kept"
     )
+
+
+@pytest.mark.parametrize("sign", ["", "-"])
+def test_a_number_of_400_digits_where_a_float_goes_is_a_400_not_a_500(admin, register_node, sign):
+    # JSON reads it as an exact integer; float() and math.isfinite raise OverflowError for it.
+    from leases.models import Lease
+
+    node, agent = register_node()
+    huge = sign + "1" + "0" * 400
+    body = '{"name": "p", "type": "best_effort", "duration_s": ' + huge + ', "nodes": [{"mem_mib": 256}]}'
+    response = admin.post("/api/leases/", body, content_type="application/json")
+    assert response.status_code == 400, response.content
+    assert "duration_s" in response.json()
+    assert not Lease.objects.exists()
+    beat = healthy()
+    beat["cpu_pct"] = int(huge)
+    assert agent.post(f"/api/nodes/{node.pk}/heartbeat", beat, format="json").status_code == 400
