@@ -65,7 +65,9 @@ class StrictFloatField(serializers.FloatField):
             self.fail("invalid", kind=type(data).__name__)
         if isinstance(data, int) and abs(data) > FLOAT_MAX:
             # A JSON integer of 400 digits: math.isfinite and float() raise OverflowError for it (a 500).
-            self.fail("max_value" if data > 0 else "min_value", max_value=self.max_value, min_value=self.min_value)
+            self.fail(
+                "max_value" if data > 0 else "min_value", max_value=self.max_value, min_value=self.min_value
+            )
         if not math.isfinite(data):
             self.fail("not_finite", value=data)
         return super().to_internal_value(data)
