@@ -162,13 +162,18 @@ class BoundedJSONDictField(serializers.DictField):
 ID_PATH = r"[0-9]+"
 
 
+# Python refuses to read an integer of more digits than this from text (ValueError: a 500 where it was trusted).
+MAX_DIGITS = 4300
+
+
 def whole_number(value: str) -> int | None:
     """A query or form value as a whole number, or None: ASCII digits only ("²".isdigit() is True and int("²")
-    raises, a 500 in every view that trusted isdigit)."""
-    return int(value) if value.isascii() and value.isdigit() else None
+    raises, a 500 in every view that trusted isdigit), and not more than int() reads."""
+    return int(value) if value.isascii() and value.isdigit() and len(value) <= MAX_DIGITS else None
 
 
 def is_id(value: str) -> bool:
     """Whether a path or query value is a database id: ASCII digits within `bigint` ("²".isdigit() is True and
     int("²") raises; an id past 2^63 - 1 overflowed the database driver: both were 500s)."""
-    return value.isascii() and value.isdigit() and 1 <= int(value) <= INT64_MAX
+    number = whole_number(value)
+    return number is not None and 1 <= number <= INT64_MAX

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 from rest_framework.exceptions import ErrorDetail
 
+from slotkeeper.fields import MAX_DIGITS
+
 
 @dataclass
 class Checked:
@@ -62,7 +64,8 @@ def number(raw: str):
     """A typed number as the JSON number it stands for; anything else unchanged, for the serializer to refuse
     with the API's message ("A number is required (got str).")."""
     text = raw.strip()
-    if re.fullmatch(r"[+-]?\d+", text):
+    # Past MAX_DIGITS int() raises; float() reads it as inf, which the serializer refuses by name.
+    if re.fullmatch(r"[+-]?\d+", text) and len(text) <= MAX_DIGITS:
         return int(text)
     try:
         return float(text)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from rest_framework.exceptions import ValidationError
 from rest_framework.pagination import LimitOffsetPagination
 
-from slotkeeper.fields import INT64_MAX
+from slotkeeper.fields import INT64_MAX, whole_number
 
 MAX_LIMIT = 1000
 
@@ -22,10 +22,11 @@ def _whole(request, name: str, least: int, default: int | None, most: int | None
     raw = request.query_params.get(name)
     if raw is None:
         return default
-    if not (raw.isascii() and raw.isdigit()) or int(raw) < least or (most is not None and int(raw) > most):
+    value = whole_number(raw)
+    if value is None or value < least or (most is not None and value > most):
         bound = f"from {least} to {most}" if most is not None else f"of at least {least}"
         raise ValidationError({name: [f"A whole number {bound}."]})
-    return int(raw)
+    return value
 
 
 class BoundedLimitOffsetPagination(LimitOffsetPagination):

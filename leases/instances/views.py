@@ -30,11 +30,11 @@ from leases.instances.actions import reschedules
 from leases.instances.filters import AlertFilterSet, InstanceFilterSet, RescheduleFilterSet, filtered
 from leases.instances.models import Reschedule, RescheduleStatus
 from leases.instances.results import result_lines
-from leases.lifecycle import InstanceState
+from leases.lifecycle import InstanceState, parse_instance_id
 from leases.models import Alert, Group, Instance
 from slotkeeper.decorators import role_required
 from slotkeeper.domain import DomainError, StaleVersion
-from slotkeeper.fields import INT32_MAX, is_id, whole_number
+from slotkeeper.fields import INT32_MAX, is_id
 
 PAGE = 500  # rows of a list; beyond it the page says so and the filters narrow it
 CAUSES = ("node_dead", "drain")
@@ -104,14 +104,13 @@ def instance_list(request):
 def successor(iid: str) -> Instance | None:
     """The instance an old id now goes by. A restart gives the same row a new generation (and so a new id), so a
     page left open on a crash-looping instance would 404 at its first restart without this."""
-    parts = iid.split("-")
-    if (
-        len(parts) != 3
-        or not is_id(parts[0])
-        or any(whole_number(p) is None or int(p) > INT32_MAX for p in parts[1:])
-    ):
+    try:
+        lease_part, vnode, generation = parse_instance_id(iid)
+    except ValueError:  # not an instance id ("²".isdigit() is True, and int("²") raises this)
         return None
-    lease, vnode, generation = (int(p) for p in parts)
+    if not is_id(lease_part) or max(vnode, generation) > INT32_MAX:
+        return None  # past the columns: the database would overflow, not answer
+    lease = int(lease_part)
     return (
         Instance.objects.filter(lease_id=lease, vnode=vnode, generation__gt=generation)
         .order_by("generation")

@@ -19,6 +19,13 @@ HOSTILE_GETS = [
     ("/instances/", {"lease": "99999999999999999999"}),
     ("/instances/²-1-0/", {}),
     ("/instances/99999999999999999999-1-0/", {}),
+    # Past the 4,300 digits int() reads from text: it raises ValueError there.
+    ("/slots/", {"pages": "9" * 5000}),
+    ("/slots/rows/", {"page": "9" * 5000}),
+    ("/slots/", {"lease": "9" * 5000}),
+    ("/instances/", {"lease": "9" * 5000}),
+    (f"/instances/{'9' * 5000}-1-0/", {}),
+    (f"/instances/1-{'9' * 5000}-0/", {}),
 ]
 
 
@@ -72,3 +79,20 @@ def test_a_tampered_back_link_after_approving_stays_on_this_site(ada, fleet, bac
     assert response.status_code == 200
     assert back not in response.content.decode()
     assert 'href="/reschedules/"' in response.content.decode()
+
+
+@pytest.mark.parametrize("field", ["duration_s", "vms", "cpu_cores", "mem_mib"])
+def test_a_lease_form_number_past_the_digits_python_reads_is_a_message_not_a_500(otto, fleet, field):
+    from leases.models import Lease
+
+    form = {
+        "name": "x",
+        "type": "best_effort",
+        "duration_s": "60",
+        "vms": "1",
+        "cpu_cores": "1",
+        "mem_mib": "256",
+    }
+    response = otto.post("/leases/new", {**form, field: "9" * 5000})
+    assert response.status_code in (200, 400), response.status_code
+    assert not Lease.objects.exists()

@@ -270,3 +270,20 @@ def test_a_number_of_400_digits_where_a_float_goes_is_a_400_not_a_500(admin, reg
     beat = healthy()
     beat["cpu_pct"] = int(huge)
     assert agent.post(f"/api/nodes/{node.pk}/heartbeat", beat, format="json").status_code == 400
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/nodes/?offset={}",
+        "/api/nodes/?limit={}",
+        "/api/nodes/{}/",
+        "/api/leases/{}/",
+        "/api/slots/?node={}",
+    ],
+)
+def test_a_number_past_the_digits_python_reads_is_a_4xx_not_a_500(viewer, path):
+    # int() refuses text of more than 4,300 digits with ValueError; the paging parameters and ids met it unguarded.
+    response = viewer.get(path.format("9" * 5000))
+    assert response.status_code in (400, 404), response.status_code
+    assert response["Content-Type"] == "application/json"
