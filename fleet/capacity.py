@@ -281,12 +281,30 @@ def liveness(node: NodeState, health_max_age_s: float = HEALTH_MAX_AGE_S) -> Unf
 
 
 def _liveness(node: NodeState, health_max_age_s: float) -> Unfit | None:
+    held = status_unfit(node)
+    if held is not None:
+        return held
+    stale = health_unfit(node, health_max_age_s)
+    return stale if stale is not None else readability_unfit(node)
+
+
+# liveness() in its three steps, asked in this order; a fleet read that remembers a node's row works out the first
+# and the last once per row (fleet/placement.py FleetRead), since only the age moves with the clock.
+
+
+def status_unfit(node: NodeState) -> Unfit | None:
+    """Why the node's status rules it out (draining, dead, offline), or None when it is online."""
     if node.status == "draining":
         return Unfit(ReasonCode.DRAINING, "an operator cordoned this node; undrain it to place work here")
     if node.status == "dead":
         return Unfit(ReasonCode.DEAD, "the node stopped reporting and was declared dead")
     if node.status != "online":
         return Unfit(ReasonCode.OFFLINE, f"status is {node.status}: the agent is not connected; check it")
+    return None
+
+
+def health_unfit(node: NodeState, health_max_age_s: float) -> Unfit | None:
+    """Why the node's last health report is too old to place on (never sent, or older than the limit), or None."""
     age = node.health_age_s
     if age is None:
         return Unfit(ReasonCode.NO_RECENT_HEALTH, "never reported health, so its memory use is unknown")
@@ -296,10 +314,11 @@ def _liveness(node: NodeState, health_max_age_s: float) -> Unfit | None:
             f"last health report {age:.0f} s ago (max {health_max_age_s:.0f} s); its memory use is a guess",
             {"health_age_s": age, "health_max_age_s": health_max_age_s},
         )
-    return _readability(node)
+    return None
 
 
-def _readability(node: NodeState) -> Unfit | None:
+def readability_unfit(node: NodeState) -> Unfit | None:
+    """Why the node's fresh health still cannot be read as capacity (memory or disk unreadable), or None."""
     total, used, disk = node.observed_mem_total_mib, node.observed_mem_used_mib, node.disk_free_gib
     if total is None or used is None or total <= 0 or disk is None:
         return Unfit(
@@ -311,7 +330,7 @@ def _readability(node: NodeState) -> Unfit | None:
 
 
 def _capacity(node: NodeState, need: Need) -> Verdict:
-    # _readability has excluded every None below; the asserts tell mypy, and cost nothing measurable.
+    # readability_unfit has excluded every None below; the asserts tell mypy, and cost nothing measurable.
     assert node.observed_mem_total_mib is not None and node.observed_mem_used_mib is not None
     assert node.disk_free_gib is not None
     running, pending = split_claims(node)

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from datetime import datetime
+from typing import Any
 
 from django.conf import settings
 from django.db import connections, router
@@ -19,6 +20,7 @@ from django.db.models.functions import Cast
 
 from fleet import capacity, known_rows, reports
 from fleet.models import Node, PlacementReport
+from slotkeeper.statements import compiled
 
 # Commitments per node id: (running claims, pending claims). Fleet does not know what runs on its nodes; the
 # caller that does (the instances package) reads them and passes them in as plain values.
@@ -52,38 +54,129 @@ def snapshot(
 
 
 def states_from_rows(now: datetime) -> list[capacity.NodeState]:
+    """The fleet as NodeStates straight from tuples, without claims and without model objects (see `read_fleet`)."""
+    return read_fleet(now).states
+
+
+@dataclass(frozen=True, slots=True)
+class _Facts:
+    """What one fleet row says that does not move with the clock, worked out once per distinct row: between two
+    reads a heartbeating fleet changes a few dozen of its 1,000 rows, and each of these was a step per node per
+    read (docs/BENCHMARKS.md, "The fleet read remembers its rows")."""
+
+    fields: dict[str, Any]  # the NodeState's fields but its age
+    seen: float | None  # the last heartbeat, epoch seconds
+    shape: tuple  # (id, name, allocatable): the node's part of the fleet's fingerprint
+    held: str | None  # its status's exclusion ("code: sentence"), if any
+    unreadable: str | None  # its capacity's exclusion when its health is fresh, if any
+
+
+class FleetRead:
+    """The fleet as one read found it: its NodeStates, and what the planner asks of them (the fingerprint of the
+    capacity the slot table plans with, the nodes the placer must exclude), each from the rows' remembered facts."""
+
+    __slots__ = ("_facts", "states")
+
+    def __init__(self, states: list[capacity.NodeState], facts: list[_Facts]) -> None:
+        self.states = states
+        self._facts = facts
+
+    def fingerprint(self) -> tuple:
+        """Per node (id, name, allocatable capacity): a change to any makes a scheduler built on the old fleet
+        stale. Equal to `fingerprint(states)`."""
+        return tuple([f.shape for f in self._facts])
+
+    def excluded(self, health_max_age_s: float) -> dict[int, str]:
+        """The nodes capacity.liveness rules out, "code: sentence" each. Equal to `excluded(states, ...)`."""
+        out: dict[int, str] = {}
+        for state, facts in zip(self.states, self._facts, strict=True):
+            if facts.held is not None:
+                out[state.id] = facts.held
+                continue
+            age = state.health_age_s
+            if age is None or age > health_max_age_s:
+                out[state.id] = _said(capacity.health_unfit(state, health_max_age_s))
+            elif facts.unreadable is not None:
+                out[state.id] = facts.unreadable
+        return out
+
+
+def fingerprint(states: Sequence[capacity.NodeState]) -> tuple:
+    """The fleet's fingerprint from NodeStates alone (FleetRead.fingerprint reads it from remembered rows)."""
+    return tuple((n.id, n.name, capacity.node_limits(n)) for n in states)
+
+
+def excluded(states: Sequence[capacity.NodeState], health_max_age_s: float) -> dict[int, str]:
+    """The nodes capacity.liveness rules out, from NodeStates alone (FleetRead.excluded from remembered rows)."""
+    out: dict[int, str] = {}
+    for state in states:
+        unfit = capacity.liveness(state, health_max_age_s)
+        if unfit is not None:
+            out[state.id] = _said(unfit)
+    return out
+
+
+def _said(unfit: capacity.Unfit | None) -> str | None:
+    return None if unfit is None else f"{unfit.code}: {unfit.reason}"
+
+
+# Rows as the fleet read last found them, and their facts. Bounded: emptied when it holds several fleets' worth
+# (rows that changed leave their old versions behind).
+_facts_of: dict[tuple, _Facts] = {}
+FACTS_KEPT = 20_000
+
+
+def read_fleet(now: datetime) -> FleetRead:
     """The fleet as NodeStates straight from tuples, without claims and without model objects: what the plan
     applier needs on every pass. The last heartbeat comes as epoch seconds and the capabilities as their JSON
-    text, parsed once per distinct list: at 1,000 nodes, converting a datetime and a JSON list per row cost more
-    than the query (docs/BENCHMARKS.md, "Placement preview", run 3). The statement is compiled once per database
-    and its rows fetched from the cursor as they come: Django's row iterator was another 0.6 ms per pass."""
+    text: at 1,000 nodes, converting a datetime and a JSON list per row cost more than the query (docs/BENCHMARKS.md,
+    "Placement preview", run 3). The statement is compiled once per database and its rows fetched from the cursor
+    as they come: Django's row iterator was another 0.6 ms per pass. A row seen before is not parsed again: its
+    facts are remembered, and only its age is worked out from `now`."""
     now_s = now.timestamp()
-    capabilities: dict[str | None, frozenset[str]] = {}
-    read = capacity.NodeState.read
-    out = []
-    for (
-        node_id,
-        name,
-        status,
-        caps,
-        cpu,
-        mem,
-        disk,
-        seen,
-        total,
-        used,
-        disk_free,
-        cpu_pct,
-        baseline,
-    ) in _fleet_rows():
-        got = capabilities.get(caps)
+    rows = _fleet_rows()
+    if len(_facts_of) > max(FACTS_KEPT, 4 * len(rows)):
+        _facts_of.clear()
+    new = object.__new__
+    cls = capacity.NodeState
+    states = []
+    facts = []
+    for row in rows:
+        got = _facts_of.get(row)
         if got is None:
-            got = capabilities[caps] = frozenset(json.loads(caps) or ()) if caps else frozenset()
-        age = max(now_s - float(seen), 0.0) if seen is not None else None
-        out.append(
-            read(node_id, name, status, got, cpu, mem, disk, age, total, used, disk_free, cpu_pct, baseline)
-        )
-    return out
+            got = _facts_of[row] = _facts(row)
+        seen = got.seen
+        node = new(cls)
+        d = node.__dict__
+        d.update(got.fields)
+        d["health_age_s"] = max(now_s - seen, 0.0) if seen is not None else None
+        states.append(node)
+        facts.append(got)
+    return FleetRead(states, facts)
+
+
+_capabilities: dict[str | None, frozenset[str]] = {}
+
+
+def _facts(row: tuple) -> _Facts:
+    node_id, name, status, caps, cpu, mem, disk, seen, total, used, disk_free, cpu_pct, baseline = row
+    got = _capabilities.get(caps)
+    if got is None:
+        if len(_capabilities) > FACTS_KEPT:
+            _capabilities.clear()
+        got = _capabilities[caps] = frozenset(json.loads(caps) or ()) if caps else frozenset()
+    state = capacity.NodeState.read(
+        node_id, name, status, got, cpu, mem, disk, None, total, used, disk_free, cpu_pct, baseline
+    )
+    fields = dict(vars(state))
+    del fields["health_age_s"]
+    return _Facts(
+        fields=fields,
+        seen=float(seen) if seen is not None else None,
+        shape=(node_id, name, capacity.node_limits(state)),
+        held=_said(capacity.status_unfit(state)),
+        unreadable=_said(capacity.readability_unfit(state)),
+    )
 
 
 def _fleet_query():
@@ -104,17 +197,6 @@ def _versioned(query):
     return query.annotate(row_xmin=xmin).values_list(*query._fields, "row_xmin")
 
 
-# The fleet read's statements per database alias: the same ones every pass.
-_fleet_sql: dict[tuple[str, str], tuple[str, tuple]] = {}
-
-
-def _statement(alias: str, name: str, build) -> tuple[str, tuple]:
-    got = _fleet_sql.get((alias, name))
-    if got is None:
-        got = _fleet_sql[(alias, name)] = build().query.sql_with_params()
-    return got
-
-
 def _fleet_rows() -> list[tuple]:
     """The rows of `_fleet_query` as the database gives them. Its one converter (EpochSeconds' float) is applied
     by the caller; every other column needs none. On PostgreSQL, outside a transaction, only the rows changed
@@ -125,7 +207,7 @@ def _fleet_rows() -> list[tuple]:
     # the right one (fleet/known_rows.py says why) and a list of versions first would only cost it a statement.
     if connection.vendor == "postgresql" and connection.get_autocommit() and not connection.in_atomic_block:
         return _changed_rows(connection)
-    sql = _statement(alias, "all", _fleet_query)
+    sql = compiled(alias, "fleet.all", _fleet_query)
     with connection.cursor() as cursor:
         cursor.execute(*sql)
         return cursor.fetchall()
@@ -138,7 +220,7 @@ def _changed_rows(connection) -> list[tuple]:
         f"SELECT id, xmin::text, pg_current_xact_id_if_assigned() IS NOT NULL FROM {table} ORDER BY id",  # noqa: S608
         (),
     )
-    every = _statement(connection.alias, "every", lambda: _versioned(_fleet_query()))
+    every = compiled(connection.alias, "fleet.every", lambda: _versioned(_fleet_query()))
     return known_rows.read(
         connection,
         versions,

@@ -26,12 +26,12 @@ from functools import cached_property, lru_cache
 import numpy as np
 import numpy.typing as npt
 from django.conf import settings
-from django.db import OperationalError, transaction
+from django.db import OperationalError, connections, router, transaction
 from django.db.models import Exists
 
-from fleet import affinity, capacity, reports
+from fleet import affinity, capacity, placement, reports
 from fleet.models import PlacementReport
-from fleet.placement import states_from_rows
+from fleet.placement import read_fleet
 from leases import forecasting, reads, vnodes
 from leases.alerts import raise_alert
 from leases.instance_rows import present_instances, sync_many
@@ -58,6 +58,7 @@ from leases.slottable import Res
 from slotkeeper import audit, events, metrics, planlock, planwake
 from slotkeeper.audit import actor_label
 from slotkeeper.bulk import Row, insert_many, update_many
+from slotkeeper.statements import compiled
 
 log = logging.getLogger(__name__)
 # Node names per cached scheduler (see Planning.names).
@@ -207,8 +208,8 @@ cache_stats = CacheStats()
 
 def fleet_fingerprint(nodes: list[capacity.NodeState]) -> tuple:
     """The nodes, their names (messages use them) and their allocatable capacities: a change to any makes a cached
-    scheduler stale."""
-    return tuple((n.id, n.name, node_capacity(n)) for n in nodes)
+    scheduler stale. A pass reads it from its fleet read (FleetRead.fingerprint, the same figure)."""
+    return placement.fingerprint(nodes)
 
 
 def live_label(t: float) -> str:
@@ -326,15 +327,13 @@ def _extra_res(mem: int, disk: int) -> Res:
     return got
 
 
+def _excluded(fleet: placement.FleetRead) -> dict[int, str]:
+    return fleet.excluded(settings.SLOTKEEPER["HEALTH_MAX_AGE_S"])
+
+
 def excluded_nodes(nodes: list[capacity.NodeState]) -> dict[int, str]:
     """Nodes the placer finds unusable right now (draining, offline, dead, stale or unreadable health)."""
-    max_age = settings.SLOTKEEPER["HEALTH_MAX_AGE_S"]
-    out: dict[int, str] = {}
-    for state in nodes:
-        unfit = capacity.liveness(state, max_age)
-        if unfit is not None:
-            out[state.id] = f"{unfit.code}: {unfit.reason}"
-    return out
+    return placement.excluded(nodes, settings.SLOTKEEPER["HEALTH_MAX_AGE_S"])
 
 
 @dataclass
@@ -398,11 +397,11 @@ def _planning(now: datetime, *, try_lock: bool = False) -> Iterator[Planning]:
         else:
             planlock.take()
         state, _ = SchedulerState.objects.select_for_update().get_or_create(pk=1)
-        nodes = states_from_rows(now)
-        fingerprint = fleet_fingerprint(nodes)
+        fleet = read_fleet(now)
+        nodes, fingerprint = fleet.states, fleet.fingerprint()
         cached = _take_cached()
         sched = _current_scheduler(cached, state, nodes, fingerprint)
-        plan = Planning(scheduler=sched, now=now, excluded=excluded_nodes(nodes), nodes=nodes)
+        plan = Planning(scheduler=sched, now=now, excluded=_excluded(fleet), nodes=nodes)
         _prepare(sched, plan)
         # Group commit: every pass, whoever runs it (a submission, a cancel, an approval, the tick), first plans
         # every lease request that waits, so a burst of requests costs one pass, not one pass each.
@@ -532,22 +531,28 @@ def _current_read(now: datetime) -> Planning | None:
     if cached is None or cached.scheduler.unwritten:
         return None
     # One statement, so the version and the waiting requests come from one snapshot.
-    got = (
-        SchedulerState.objects.filter(pk=1)
-        .annotate(waiting=Exists(Lease.objects.filter(state=LeaseState.NEW)))
-        .values_list("version", "waiting")
-        .first()
-    )
-    if got is None or tuple(got) != (cached.version, False):
+    alias = router.db_for_read(SchedulerState)
+    with connections[alias].cursor() as cursor:
+        cursor.execute(*compiled(alias, "scheduler.version_waiting", _version_and_waiting))
+        got = cursor.fetchone()
+    if got is None or (got[0], bool(got[1])) != (cached.version, False):
         return None  # another process committed since, or requests wait to be planned: a pass's work
-    nodes = states_from_rows(now)
-    if fleet_fingerprint(nodes) != cached.fingerprint:
+    fleet = read_fleet(now)
+    if fleet.fingerprint() != cached.fingerprint:
         return None  # a pass would reload the scheduler for this fleet
-    plan = Planning(scheduler=cached.scheduler, now=now, excluded=excluded_nodes(nodes), nodes=nodes)
+    plan = Planning(scheduler=cached.scheduler, now=now, excluded=_excluded(fleet), nodes=fleet.states)
     # What a pass does before it plans, less `settle`, which has nothing to do on a committed scheduler
     # (`unwritten` above): the now-gate's figures, from this read of the fleet.
     _observe(plan.scheduler, plan)
     return plan
+
+
+def _version_and_waiting():
+    return (
+        SchedulerState.objects.filter(pk=1)
+        .annotate(waiting=Exists(Lease.objects.filter(state=LeaseState.NEW)))
+        .values_list("version", "waiting")[:1]
+    )
 
 
 def _forget(sched: Scheduler) -> None:

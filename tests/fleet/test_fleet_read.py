@@ -84,3 +84,78 @@ def test_the_fleet_read_compiles_its_statement_once_and_reads_rows_as_the_query_
     ]
     assert raw == expected
     assert [tuple(map(type, row)) for row in raw] == [tuple(map(type, row)) for row in expected]
+
+
+def _fleet_of_every_kind(now):
+    """A node of each kind liveness tells apart: fresh, stale, silent, unreadable, draining, dead, offline."""
+    fresh = dict(obs_mem_total_mib=65536, obs_mem_used_mib=3000, obs_disk_free_gib=800.0, obs_cpu_pct=5.0)
+    specs = [
+        ("fresh", "online", now - timedelta(seconds=2), fresh),
+        ("stale", "online", now - timedelta(seconds=95), fresh),
+        ("silent", "online", None, {}),
+        ("unreadable", "online", now - timedelta(seconds=1), dict(fresh, obs_disk_free_gib=None)),
+        ("cordoned", "draining", now - timedelta(seconds=1), fresh),
+        ("gone", "dead", now - timedelta(hours=1), fresh),
+        ("away", "offline", now - timedelta(minutes=3), fresh),
+    ]
+    for i, (name, status, seen, health) in enumerate(specs):
+        Node.objects.create(
+            name=name, token_digest=f"t{i}", status=status, cpu_cores=16, mem_total_mib=65536,
+            disk_total_gib=1000, capabilities=["kvm"], last_heartbeat_at=seen, idle_baseline_mib=3000,
+            drain_reason="disk swap" if status == "draining" else "", **health,
+        )  # fmt: skip
+
+
+def test_what_a_fleet_read_remembers_of_its_rows_gives_what_the_node_states_alone_give(settings):
+    """FleetRead's fingerprint and exclusions come from facts remembered per row; they must be exactly what the
+    NodeStates give, read after read, as rows change and as the clock moves."""
+    now = timezone.now()
+    _fleet_of_every_kind(now)
+    max_age = settings.SLOTKEEPER["HEALTH_MAX_AGE_S"]
+
+    def agree(at):
+        read = placement.read_fleet(at)
+        assert read.fingerprint() == placement.fingerprint(read.states)
+        assert read.excluded(max_age) == placement.excluded(read.states, max_age)
+        return read
+
+    first = agree(now)
+    assert set(first.excluded(max_age)) == {n.id for n in Node.objects.exclude(name="fresh")}
+    again = agree(now)  # every row remembered now
+    assert again.fingerprint() == first.fingerprint()
+
+    # The clock moves: the fresh node's remembered row turns stale, with its age in the sentence.
+    later = now + timedelta(seconds=max_age + 10)
+    fresh = Node.objects.get(name="fresh")
+    excluded = agree(later).excluded(max_age)
+    assert excluded[fresh.pk].startswith("no_recent_health: last health report 4")
+
+    # Rows change: a drain, a new baseline (allocatable memory), a rename, a fixed disk probe.
+    Node.objects.filter(pk=fresh.pk).update(status="draining", drain_reason="kernel update")
+    Node.objects.filter(name="stale").update(idle_baseline_mib=9000)
+    Node.objects.filter(name="silent").update(name="quiet")
+    Node.objects.filter(name="unreadable").update(obs_disk_free_gib=700.0)
+    changed = agree(now)
+    excluded = changed.excluded(max_age)
+    assert excluded[fresh.pk].startswith("draining: ")
+    assert Node.objects.get(name="unreadable").pk not in excluded
+    assert changed.fingerprint() != first.fingerprint()
+    stale = next(s for s in changed.states if s.name == "stale")
+    assert (
+        dict((i, limits) for i, _, limits in changed.fingerprint())[stale.id].mem_mib == 65536 - 4096 - 9000
+    )
+    assert "quiet" in [s.name for s in changed.states]
+
+
+def test_a_remembered_row_gives_a_new_node_state_with_its_own_age_each_read():
+    now = timezone.now()
+    _fleet_of_every_kind(now)
+    first = placement.states_from_rows(now)
+    second = placement.states_from_rows(now + timedelta(seconds=5))
+    for a, b in zip(first, second, strict=True):
+        assert a is not b
+        if a.health_age_s is not None:
+            assert b.health_age_s == pytest.approx(a.health_age_s + 5, abs=1e-3)
+        assert {k: v for k, v in vars(a).items() if k != "health_age_s"} == {
+            k: v for k, v in vars(b).items() if k != "health_age_s"
+        }

@@ -11,6 +11,7 @@ from datetime import timedelta
 from django.utils import timezone
 
 from fleet import actions as fleet_actions
+from fleet import placement
 from fleet.nodestate import (
     BASELINE_FLOOR_MIB,
     BASELINE_STEP_MIB,
@@ -131,7 +132,7 @@ def test_a_baseline_that_grows_moves_a_future_reservation_off_the_node_with_the_
     assert f"no longer fit {holder.name}" in lease.message
     assert AuditEntry.objects.filter(action="lease.replace", target_id=str(lease.pk)).exists()
     assert overcommitted_instants() == []
-    assert store.node_capacity(store.states_from_rows(now)[fleet.index(holder)]).mem == 8192 - 2048
+    assert store.node_capacity(placement.states_from_rows(now)[fleet.index(holder)]).mem == 8192 - 2048
 
 
 def figures(client, node_id: int) -> dict:

@@ -11,6 +11,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from fleet import placement
 from leases import actions, store
 from leases.lifecycle import LeaseState
 from leases.models import Alert, Lease, Reservation, SchedulerState
@@ -29,7 +30,7 @@ def cached_scheduler() -> Scheduler:
 
 
 def reloaded_scheduler(now) -> Scheduler:
-    return store.load(store.states_from_rows(now), SchedulerState.objects.get(pk=1).next_rid)
+    return store.load(placement.states_from_rows(now), SchedulerState.objects.get(pk=1).next_rid)
 
 
 @pytest.fixture
