@@ -13,7 +13,9 @@ neighbours' noise falls on all of them alike:
   the last pass committed (`store.consulting`; a pass when that is not current), the dry run, every node's
   verdict, the report saved and audited, its rows decoded for the answer;
 - render the response: the answer's JSON, as DRF renders it;
-- whole request: the POST through DRF's APIClient as an operator.
+- whole request: the POST through DRF's APIClient as an operator;
+- whole, flushed commit (baseline): the same with the report's commit waiting for the write-ahead log's flush,
+  as every preview did before `slotkeeper.statements.commit_without_flush`.
 
 Prints p50/p99 of wall time and of this thread's CPU time in milliseconds: on a shared machine the wall p99
 measures the neighbours, the CPU p99 what the code costs. With no --db it runs itself once per database. The
@@ -213,6 +215,18 @@ class Parts:
 
     def request(self) -> None:
         resp = self.client.post("/api/placement/preview", NEED, format="json")
+        self._check(resp)
+
+    def flushed(self) -> None:
+        """The whole request as it was before its record's commit stopped waiting for the disk: the baseline of
+        `commit_without_flush` in the same run (the disk's slowest flushes are what it removes)."""
+        from unittest.mock import patch
+
+        with patch("slotkeeper.statements.commit_without_flush"):
+            resp = self.client.post("/api/placement/preview", NEED, format="json")
+        self._check(resp)
+
+    def _check(self, resp) -> None:
         # Checked without parsing the 300 KiB answer, which would be timed as the request's.
         if resp.status_code != 200 or b'"outcome":"placed"' not in resp.content[:200]:
             raise SystemExit(f"preview answered {resp.status_code}: {resp.content[:300]!r}")
@@ -225,6 +239,7 @@ class Parts:
             "do_preview (action)": self.action,
             "render the response": self.render,
             "whole request": self.request,
+            "whole, flushed commit": self.flushed,
         }
 
 
