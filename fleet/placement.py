@@ -120,10 +120,10 @@ def _said(unfit: capacity.Unfit | None) -> str | None:
     return None if unfit is None else f"{unfit.code}: {unfit.reason}"
 
 
-# Rows as the fleet read last found them, and their facts. Bounded: emptied when it holds several fleets' worth
-# (rows that changed leave their old versions behind).
+# The rows the last fleet read found, and their facts: replaced by each read, so it holds one fleet's worth and
+# a row that changed is forgotten at the next read.
 _facts_of: dict[tuple, _Facts] = {}
-FACTS_KEPT = 20_000
+CAPABILITY_SETS_KEPT = 10_000
 
 
 def read_fleet(now: datetime) -> FleetRead:
@@ -131,20 +131,21 @@ def read_fleet(now: datetime) -> FleetRead:
     applier needs on every pass. The last heartbeat comes as epoch seconds and the capabilities as their JSON
     text: at 1,000 nodes, converting a datetime and a JSON list per row cost more than the query (docs/BENCHMARKS.md,
     "Placement preview", run 3). The statement is compiled once per database and its rows fetched from the cursor
-    as they come: Django's row iterator was another 0.6 ms per pass. A row seen before is not parsed again: its
-    facts are remembered, and only its age is worked out from `now`."""
+    as they come: Django's row iterator was another 0.6 ms per pass. A row the last read found too is not parsed
+    again: its facts are remembered, and only its age is worked out from `now`."""
+    global _facts_of
     now_s = now.timestamp()
-    rows = _fleet_rows()
-    if len(_facts_of) > max(FACTS_KEPT, 4 * len(rows)):
-        _facts_of.clear()
+    known = _facts_of
+    kept: dict[tuple, _Facts] = {}
     new = object.__new__
     cls = capacity.NodeState
     states = []
     facts = []
-    for row in rows:
-        got = _facts_of.get(row)
+    for row in _fleet_rows():
+        got = known.get(row)
         if got is None:
-            got = _facts_of[row] = _facts(row)
+            got = _facts(row)
+        kept[row] = got
         seen = got.seen
         node = new(cls)
         d = node.__dict__
@@ -152,6 +153,7 @@ def read_fleet(now: datetime) -> FleetRead:
         d["health_age_s"] = max(now_s - seen, 0.0) if seen is not None else None
         states.append(node)
         facts.append(got)
+    _facts_of = kept
     return FleetRead(states, facts)
 
 
@@ -162,7 +164,7 @@ def _facts(row: tuple) -> _Facts:
     node_id, name, status, caps, cpu, mem, disk, seen, total, used, disk_free, cpu_pct, baseline = row
     got = _capabilities.get(caps)
     if got is None:
-        if len(_capabilities) > FACTS_KEPT:
+        if len(_capabilities) > CAPABILITY_SETS_KEPT:
             _capabilities.clear()
         got = _capabilities[caps] = frozenset(json.loads(caps) or ()) if caps else frozenset()
     state = capacity.NodeState.read(

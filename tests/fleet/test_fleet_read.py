@@ -159,3 +159,16 @@ def test_a_remembered_row_gives_a_new_node_state_with_its_own_age_each_read():
         assert {k: v for k, v in vars(a).items() if k != "health_age_s"} == {
             k: v for k, v in vars(b).items() if k != "health_age_s"
         }
+
+
+def test_the_fleet_read_remembers_one_fleets_worth_of_rows_however_often_they_change():
+    """Every heartbeat makes a new row; the remembered facts are the last read's rows only, so a fleet
+    heartbeating for days holds no more than its own size."""
+    now = timezone.now()
+    _fleet_of_every_kind(now)
+    fresh = Node.objects.get(name="fresh")
+    for beat in range(50):
+        Node.objects.filter(pk=fresh.pk).update(last_heartbeat_at=now + timedelta(seconds=beat))
+        placement.read_fleet(now + timedelta(seconds=beat))
+    assert len(placement._facts_of) == Node.objects.count() == 7
+    assert [row[0] for row in placement._facts_of] == sorted(Node.objects.values_list("id", flat=True))
