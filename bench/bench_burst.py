@@ -573,7 +573,7 @@ PARTS = [
     ("do_submit_lease (the whole submission)", "leases/actions.py", "do_submit_lease"),
     ("  store.planning: lock, version, nodes, write-back", "leases/store.py", "planning"),
     ("    store.load: every live lease re-read", "leases/store.py", "load"),
-    ("    store.excluded_nodes: liveness of every node", "leases/store.py", "excluded_nodes"),
+    ("    placement.read_fleet: every node's row", "fleet/placement.py", "read_fleet"),
     ("    store.apply: the journal written", "leases/store.py", "apply"),
     ("      _sync_instances", "leases/store.py", "_sync_instances"),
     ("  Scheduler.submit (pure planning)", "leases/scheduler.py", "submit"),

@@ -206,12 +206,6 @@ class CacheStats:
 cache_stats = CacheStats()
 
 
-def fleet_fingerprint(nodes: list[capacity.NodeState]) -> tuple:
-    """The nodes, their names (messages use them) and their allocatable capacities: a change to any makes a cached
-    scheduler stale. A pass reads it from its fleet read (FleetRead.fingerprint, the same figure)."""
-    return placement.fingerprint(nodes)
-
-
 def live_label(t: float) -> str:
     """A time in the live service's messages: the date as well, so a reservation next week does not read as
     "00:00–00:00" (UTC; the console shows times in the reader's zone)."""
@@ -329,11 +323,6 @@ def _extra_res(mem: int, disk: int) -> Res:
 
 def _excluded(fleet: placement.FleetRead) -> dict[int, str]:
     return fleet.excluded(settings.SLOTKEEPER["HEALTH_MAX_AGE_S"])
-
-
-def excluded_nodes(nodes: list[capacity.NodeState]) -> dict[int, str]:
-    """Nodes the placer finds unusable right now (draining, offline, dead, stale or unreadable health)."""
-    return placement.excluded(nodes, settings.SLOTKEEPER["HEALTH_MAX_AGE_S"])
 
 
 @dataclass
