@@ -24,6 +24,8 @@ from slotkeeper.serializers import StrictSerializer
 # without this module (fleet/heartbeat_rules.py); the same numbers bound every serializer here.
 MAX_CPU_CORES = 4096
 MAX_LOG_LINE = 4000
+# A drain's moves at once, in the API and the console's drain form alike.
+MAX_PARALLEL_MOVES = 1000
 REASON_CODES = {str(c) for c in ReasonCode}
 NODE_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
 
@@ -288,7 +290,7 @@ class DrainSerializer(ReasonSerializer):
         default=None,
         help_text="With a deadline the node's instances are moved off; what is left at the deadline is stopped.",
     )
-    max_parallel = StrictIntegerField(min_value=1, max_value=1000, required=False, default=2)
+    max_parallel = StrictIntegerField(min_value=1, max_value=MAX_PARALLEL_MOVES, required=False, default=2)
 
 
 class OptionalReasonSerializer(StrictSerializer):

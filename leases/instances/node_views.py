@@ -21,6 +21,7 @@ from django.views.decorators.vary import vary_on_headers
 
 from fleet import actions as fleet_actions
 from fleet import forms as fleet_forms
+from fleet.api.serializers import MAX_PARALLEL_MOVES
 from fleet.models import HealthSample, Node, NodeStatus, PlacementReport
 from fleet.views import CapacityTotals, chart, matches, node_rows
 from leases import reads as lease_reads
@@ -134,7 +135,9 @@ def drain(request, node_id: int):
             now = timezone.now()
             minutes, parallel = (
                 _positive_int(request.POST.get("deadline_min"), "the deadline", MAX_DEADLINE_MIN, "minutes"),
-                _positive_int(request.POST.get("max_parallel"), "moves at once", MAX_PARALLEL, "instances"),
+                _positive_int(
+                    request.POST.get("max_parallel"), "moves at once", MAX_PARALLEL_MOVES, "instances"
+                ),
             )
             deadline = now + timezone.timedelta(minutes=minutes) if minutes else None
             nodes.do_drain(
@@ -148,10 +151,9 @@ def drain(request, node_id: int):
     return redirect("node-detail", node_id=node_id)
 
 
-# The API's own bounds (fleet/api/serializers.py DrainSerializer: a deadline before year 9000, 1-1000 at once); a
-# year of minutes is far past any drain. Past them the form's figure was a 500 (timedelta or integer overflow).
+# A year of minutes is far past any drain; the moves at once are the API's bound (DrainSerializer). Past them the
+# form's figure was a 500 (timedelta or integer overflow).
 MAX_DEADLINE_MIN = 525_600
-MAX_PARALLEL = 1000
 
 
 def _positive_int(raw: str | None, what: str, most: int, unit: str) -> int | None:

@@ -58,6 +58,7 @@ def test_a_bare_date_still_means_that_whole_day_and_a_false_one_filters_nothing(
     [
         ("deadline_min", "99999999999999", "the deadline is at most"),
         ("max_parallel", "99999999999", "moves at once"),
+        ("max_parallel", "1001", "moves at once is at most 1,000 instances"),  # the API's bound, one past it
     ],
 )
 def test_a_drain_figure_past_its_bound_is_refused_with_a_message_not_a_500(otto, fleet, field, value, said):
