@@ -24,6 +24,8 @@ VERSION = 2
 IntColumn = Sequence[int] | npt.NDArray[np.int64]
 DIMENSIONS = ("cpu", "mem", "disk")
 _WORDS = {"cpu": "cores", "mem": "memory", "disk": "disk"}
+# The leases in the way a stored verdict names, the lowest ids first.
+BLOCKERS_NAMED = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +150,7 @@ def encode(
         "alloc": _plain(cols.allocatable),
         "rank": _runs(cols.rank),
         "chosen": cols.chosen,
-        "blockers": {str(n): list(b[:5]) for n, b in cols.blockers.items() if b},
+        "blockers": {str(n): list(b[:BLOCKERS_NAMED]) for n, b in cols.blockers.items() if b},
     }
     # Exclusion sentences are few and repeated ("lacks accel.gpu" on most of a fleet): each stored once, in the
     # order they first appear.

@@ -83,12 +83,12 @@ class SlotTable:
         self._dirty: set[int] = set()
         # Sets that want to know every node written to from now on (the mapper's kept host rankings).
         self.watchers: list[set[int]] = []
-        # Per node, its reservations as `_Use` rows in (start, rid) order, built when `blockers` first asks and
-        # dropped when the node is written to.
-        self._uses: dict[int, list[_Use]] = {}
-        # Per node, `blocking_leases` answers by (need, start, end), dropped with `_uses`: the reports of one pass
+        # Per node, its reservations as `_Use` rows in (start, rid) order and in lease order, built when `blockers`
+        # first asks and dropped when the node is written to.
+        self._uses: dict[int, tuple[list[_Use], list[_Use]]] = {}
+        # Per node, `blocking_leases` answers by (need, start, end, most), dropped with `_uses`: the reports of one pass
         # ask about the same few shapes and windows on the same nodes, the table unchanged in between.
-        self._blocked: dict[int, dict[tuple[Res, float, float], frozenset[int]]] = {}
+        self._blocked: dict[int, dict[tuple[Res, float, float, int | None], frozenset[int]]] = {}
         for cap in self._caps.values():
             self._total_cap = (
                 self._total_cap[0] + cap[0],
@@ -314,24 +314,31 @@ class SlotTable:
         "reserved 13:30-14:00 by lease 7"; empty when it fits. A need larger than the node blames no one."""
         return [use.row for use in self._blocking(node, need, start, end)]
 
-    def blocking_leases(self, node: int, need: Res, start: float, end: float) -> set[int]:
+    def blocking_leases(
+        self, node: int, need: Res, start: float, end: float, most: int | None = None
+    ) -> set[int]:
         """The leases of `blockers(node, need, start, end)` (a report names them for several nodes in every
-        decision): kept per node until it is written to, and a fresh set every call for the caller to change."""
+        decision), or only the `most` lowest of their ids: a full node is blocked by every lease on it and a report
+        names five, so the walk stops at the `most`-th. Kept per node until it is written to, and a fresh set every
+        call for the caller to change."""
         memo = self._blocked.get(node)
         if memo is None:
             memo = self._blocked[node] = {}
-        key = (need, start, end)
+        key = (need, start, end, most)
         got = memo.get(key)
         if got is None:
             if len(memo) >= BLOCKED_KEPT:  # a node nobody writes to is asked about at every pass's `now`
                 memo.clear()
-            got = memo[key] = frozenset(use.lease_id for use in self._blocking(node, need, start, end))
+            got = memo[key] = frozenset(use.lease_id for use in self._blocking(node, need, start, end, most))
         return set(got)
 
-    def _blocking(self, node: int, need: Res, start: float, end: float) -> list[_Use]:
+    def _blocking(
+        self, node: int, need: Res, start: float, end: float, most: int | None = None
+    ) -> list[_Use]:
         """The node's reservations (in `_uses_on` order) that keep `need` from fitting on [start, end): those
         overlapping a segment of the window whose level leaves no room in a dimension they use; none when the
-        need is larger than the node."""
+        need is larger than the node. With `most`: in lease id order instead, those of the `most` lowest lease
+        ids only."""
         _check_interval(start, end)
         limit = room_limit(self._cap(node), need)
         if limit is None:
@@ -357,8 +364,12 @@ class SlotTable:
         # A plain loop over the node's kept reservations: a node holds tens of them, and at that size numpy's
         # per-call cost made columns 2.7 times slower than this loop (one set of array operations over every run
         # and reservation at once, 7 times), measured on bench_reports' 1,000-node table.
-        hits = []
-        for use in self._uses_on(node, line):
+        hits: list[_Use] = []
+        by_start, by_lease = self._uses_on(node, line)
+        leases: set[int] = set()
+        for use in by_start if most is None else by_lease:
+            if most is not None and len(leases) == most and use.lease_id not in leases:
+                break
             for run_start, run_end, short in runs:
                 if run_start == run_end:  # an instant: the reservations running then
                     meets = use.start <= run_start < use.end
@@ -368,15 +379,17 @@ class SlotTable:
                     )
                 if meets and use.used & short:
                     hits.append(use)
+                    leases.add(use.lease_id)
                     break
         return hits
 
-    def _uses_on(self, node: int, line: Line) -> list[_Use]:
+    def _uses_on(self, node: int, line: Line) -> tuple[list[_Use], list[_Use]]:
+        """The node's reservations as `_Use` rows twice: in (start, rid) order and in (lease, start, rid) order."""
         got = self._uses.get(node)
         if got is None:
             by_rid = self._index.by_rid
             rows = sorted((by_rid[rid] for rid in line.rids), key=lambda r: (r.start, r.rid))
-            got = self._uses[node] = [
+            by_start = [
                 _Use(
                     r.start,
                     r.end,
@@ -386,6 +399,7 @@ class SlotTable:
                 )
                 for r in rows
             ]
+            got = self._uses[node] = (by_start, sorted(by_start, key=lambda u: u.lease_id))
         return got
 
     def envelope(self, node: int, start: float) -> list[tuple[Res, float]]:

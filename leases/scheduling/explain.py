@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from fleet.capacity import ReasonCode
-from fleet.reports import Columns, Verdict
+from fleet.reports import BLOCKERS_NAMED, Columns, Verdict
 from leases.scheduling.events import EventLoop
 from leases.scheduling.mapper import HostOrder, size_order
 from leases.scheduling.records import LeaseRequest
@@ -199,10 +199,11 @@ class Explaining(EventLoop):
         blocking = blocking[np.lexsort((blocking, -shown_free[blocking]))][:BLOCKER_NODES]
         blockers: dict[int, tuple[int, ...]] = {}
         for i in blocking.tolist():
-            lids = table.blocking_leases(node_ids[i], vm, start, end)
+            # One more than a report names, in case the lease itself is among them.
+            lids = table.blocking_leases(node_ids[i], vm, start, end, most=BLOCKERS_NAMED + 1)
             lids.discard(req.id)
             if lids:
-                blockers[node_ids[i]] = tuple(sorted(lids))
+                blockers[node_ids[i]] = tuple(sorted(lids)[:BLOCKERS_NAMED])
 
         # Who holds the most of it, for the summary: most VMs first, then the mapper's order.
         fit_at = np.flatnonzero(holds)

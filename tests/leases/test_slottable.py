@@ -1,6 +1,7 @@
 """The slot table: Haizea's own slot-table tests (SEMANTICS.md §8.2) ported to our API, the edges of the
 half-open convention, and property tests against a naive model that scans every reservation."""
 
+import contextlib
 import itertools
 import math
 import random
@@ -695,6 +696,26 @@ def test_the_leases_in_the_way_are_kept_per_node_until_a_write_to_it_on_either_s
     for k in range(3 * slottable.BLOCKED_KEPT):  # a pass's `now` after another, the node never written to
         assert table.blocking_leases(2, Res(80), 45 + k / 1000, 50) == {9}
     assert 0 < len(table._blocked[2]) <= slottable.BLOCKED_KEPT
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.randoms(use_true_random=False), st.integers(1, 7))
+def test_the_lowest_leases_in_the_way_are_the_lowest_of_all_of_them(rnd, most):
+    """`most` stops the walk early on a crowded node; what it names must be the lowest ids of the whole set,
+    leases with several reservations on the node counted once."""
+    table = SlotTable({1: Res(100, 1024)})
+    for rid in range(1, rnd.randint(2, 40)):
+        start = rnd.randint(0, 90)
+        lease = rnd.randint(1, 15)  # some leases hold several reservations
+        r = Reservation(rid, lease, "vm", start, start + rnd.randint(0, 30), {1: Res(rnd.randint(1, 20), 64)})
+        with contextlib.suppress(Overcommit):  # a reservation that does not fit is left out
+            table.add(r)
+    need = Res(rnd.randint(1, 60), rnd.choice([0, 256]))
+    start = rnd.randint(0, 100)
+    end = start + rnd.randint(0, 40)
+    every = table.blocking_leases(1, need, start, end)
+    assert every == {r.lease_id for r in table.blockers(1, need, start, end)}
+    assert table.blocking_leases(1, need, start, end, most) == set(sorted(every)[:most])
 
 
 def test_a_resource_first_used_late_reads_as_zero_before_and_counts_after():
