@@ -19,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from leases.slots.values import vec
 from leases.slottable import Res, Reservation, SlotTable
 
 NODE = Res(cpu=800, mem=32768, disk=500, net_in=10000, net_out=10000)  # 8 cores, 32 GiB
@@ -202,6 +203,19 @@ def main() -> None:
     )
     report("add+remove", ours_s, slow_s)
 
+    # The same writes on the node's own line alone: the rest of a write is the fleet's total line (`_total`, every
+    # node's reservations on one line, kept for total_free_at), whose lists grow with the whole table.
+    def on_its_line(r: Reservation) -> Callable[[], object]:
+        ((node, use),) = r.alloc.items()
+        line, v = table._lines[node], vec(use)
+        return lambda: (line.add(r.rid, r.start, r.end, v), line.remove(r.rid, r.start, r.end, v))
+
+    own_s, _ = timed([on_its_line(r) for r in fitting])
+    print(
+        f"{'  the node line alone':<22}{pct(own_s, 50):>10.1f}{pct(own_s, 99):>10.1f}"
+        f"   (the fleet's total line, {len(table._total.times):,} points: the rest)"
+    )
+
     searches = [
         (rng.choice(NEEDS), rng.uniform(0.5, 4) * HOUR, rng.uniform(0, horizon))
         for _ in range(args.all_nodes)
@@ -222,6 +236,28 @@ def main() -> None:
     print(
         f"\ncopy(): p50 {pct(copies, 50):.1f} us; copy() then a first add: p50 {pct(first_writes, 50) / 1000:.1f} ms"
     )
+    crowded()
+
+
+def crowded() -> None:
+    """The leases in the way on a crowded node, as a report names them: every one of them (the baseline) against
+    the six lowest ids (`most`, what a report asks for since a report names five). Each call asks afresh (the
+    per-node memory is cleared), as the first report after a write to the node does."""
+    print(f"\n{'leases in the way (us)':<28}{'every one':>10}{'six lowest':>12}")
+    for per_node in (10, 65, 200):
+        table = SlotTable({0: Res(cpu=100 * per_node, mem=1024 * per_node)})
+        for i in range(per_node):  # one core each, every one of them in the way of one more core
+            table.add(Reservation(i, 1000 - i, "vm", i, 10 * HOUR + i, {0: Res(cpu=100, mem=1024)}))
+        need = Res(cpu=100, mem=1024)
+
+        def ask(most: int | None, table: SlotTable = table, need: Res = need) -> set[int]:
+            table._blocked.clear()
+            return table.blocking_leases(0, need, HOUR, 2 * HOUR, most)
+
+        every, answers = timed([lambda: ask(None)] * 200)
+        six, lowest = timed([lambda: ask(6)] * 200)
+        assert lowest[0] == set(sorted(answers[0])[:6]), "the six lowest are not the lowest of every one"
+        print(f"{f'{per_node} reservations on the node':<28}{pct(every, 50):>10.1f}{pct(six, 50):>12.1f}")
 
 
 if __name__ == "__main__":
