@@ -1,0 +1,67 @@
+"""A node name of 100 characters in one word (the longest a name may be) in a real headless Chromium against a real
+Daphne: on the board it wraps inside its column instead of pushing the figures off the screen, and in the slot table
+its label stays left of the chart's axis instead of running across the bars. Both ran across before the fix (found
+by registering a node as an outsider would, with a name from schemathesis).
+
+Skipped only when Debian's chromium is not installed."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.console import live
+from tests.console.test_browser_a11y import sign_in, wait_live
+
+pytestmark = live.BROWSER_TEST
+
+LONG = "a" + "0" * 99
+
+ADD_NODE = """
+from django.utils import timezone
+from fleet import actions
+actions.do_register_node(None, name=%r, cpu_cores=4, mem_total_mib=8192, disk_total_gib=50, capabilities=[],
+                         now=timezone.now())
+"""
+
+
+@pytest.fixture(scope="module")
+def console(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("long-names")
+    server = live.start(workdir)
+    live.shell(workdir, ADD_NODE % LONG)
+    yield server
+    live.stop(server.process)
+
+
+def test_a_long_node_name_wraps_in_its_board_column(browser, console):
+    context = sign_in(browser, console)
+    page = context.new_page()
+    try:
+        page.goto(console.url + "/")
+        wait_live(page)
+        cell = page.locator(f'tr[data-node="{LONG}"] td.node-name').bounding_box()
+        assert cell["width"] <= 16 * 16 + 2 * 8 + 1, cell  # 16rem and the cell's padding
+        assert page.locator(f'tr[data-node="{LONG}"] td.node-name').inner_text().replace("\n", "") == LONG
+    finally:
+        context.close()
+
+
+def test_a_long_node_name_stays_left_of_the_slot_tables_axis(browser, console):
+    context = sign_in(browser, console)
+    page = context.new_page()
+    try:
+        page.goto(console.url + "/slots/?zoom=6h")
+        wait_live(page)
+        row = page.locator(f'#slot-table [role=row][data-node="{LONG}"]')
+        label = row.locator("text.label").bounding_box()
+        axis = page.locator("#slot-table svg.rows line.axis").first.bounding_box()
+        assert label["x"] + label["width"] <= axis["x"], (label, axis)
+        name = row.locator("a.node-link").get_attribute("aria-label")
+        shown = row.locator("text.label").text_content()
+        # The text minus its <title>: what is drawn, cut with an ellipsis, and the first words of the accessible name.
+        drawn = shown[shown.index("…") - 23 : shown.index("…") + 1]
+        assert drawn == LONG[:23] + "…"
+        assert name.startswith(drawn), name
+        assert LONG in name
+    finally:
+        context.close()
