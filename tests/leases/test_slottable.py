@@ -873,3 +873,49 @@ def test_the_columns_answer_a_window_again_from_memory_until_the_next_write():
     assert table.arrays().peak_over(0.0, 50.0).tolist() == fresh.tolist()
     table.remove(2)
     assert table.arrays().over(0.0, 50.0)[0].tolist() == peak.tolist()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.randoms(use_true_random=False))
+def test_the_fleet_total_follows_many_writes_and_copies_as_a_sum_of_every_reservation(rnd):
+    """The fleet-wide total remembers writes and folds them in batches (leases/slots/total.py): after every write,
+    on the table and on a copy taken halfway, it equals the plain sum over the reservations each one holds."""
+    nodes = {n: Res(cpu=10_000, mem=100_000, disk=1_000) for n in range(1, 6)}
+    table = SlotTable(nodes)
+    held: dict[int, Reservation] = {}
+    copy, copy_held = None, None
+
+    def check(t: SlotTable, rows: dict[int, Reservation]) -> None:
+        for at in [rnd.uniform(-5, 130) for _ in range(6)] + [r.start for r in rows.values()][:4]:
+            used = [0, 0, 0]
+            for r in rows.values():
+                if r.start <= at < r.end:
+                    for use in r.alloc.values():
+                        used[0], used[1], used[2] = used[0] + use.cpu, used[1] + use.mem, used[2] + use.disk
+            assert t.total_free_at(at) == Res(50_000 - used[0], 500_000 - used[1], 5_000 - used[2])
+            assert t.total_free_cpu_at(at) == 50_000 - used[0]
+
+    for step in range(rnd.randint(20, 300)):
+        if held and rnd.random() < 0.35:
+            rid = rnd.choice(sorted(held))
+            table.remove(rid)
+            del held[rid]
+        else:
+            rid = 1 + max(held, default=0) + step
+            start = rnd.choice([rnd.randint(0, 100), rnd.uniform(0, 100)])
+            end = start + rnd.choice([0, rnd.randint(1, 30), rnd.uniform(0.5, 30)])
+            alloc = {
+                n: Res(rnd.randint(0, 50), rnd.randint(0, 500), rnd.randint(0, 5))
+                for n in rnd.sample(range(1, 6), 2)
+            }
+            r = Reservation(rid, rid, "vm", start, end, alloc)
+            table.add(r)
+            held[rid] = r
+        if step == 10:
+            copy, copy_held = table.copy(), dict(held)
+        check(table, held)
+    if copy is not None:
+        copy.add(Reservation(10**6, 1, "vm", 0, 200, {1: Res(7, 70, 1)}))
+        copy_held[10**6] = copy._index.by_rid[10**6]
+        check(copy, copy_held)
+        check(table, held)
