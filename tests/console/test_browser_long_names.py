@@ -7,6 +7,9 @@ Skipped only when Debian's chromium is not installed."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import pytest
 
 from tests.console import live
@@ -33,25 +36,27 @@ def console(tmp_path_factory):
     live.stop(server.process)
 
 
-def test_a_long_node_name_wraps_in_its_board_column(browser, console):
+@contextmanager
+def opened(browser, console, path: str) -> Iterator:
     context = sign_in(browser, console)
-    page = context.new_page()
     try:
-        page.goto(console.url + "/")
+        page = context.new_page()
+        page.goto(console.url + path)
         wait_live(page)
-        cell = page.locator(f'tr[data-node="{LONG}"] td.node-name').bounding_box()
-        assert cell["width"] <= 16 * 16 + 2 * 8 + 1, cell  # 16rem and the cell's padding
-        assert page.locator(f'tr[data-node="{LONG}"] td.node-name').inner_text().replace("\n", "") == LONG
+        yield page
     finally:
         context.close()
 
 
+def test_a_long_node_name_wraps_in_its_board_column(browser, console):
+    with opened(browser, console, "/") as page:
+        cell = page.locator(f'tr[data-node="{LONG}"] td.node-name').bounding_box()
+        assert cell["width"] <= 16 * 16 + 2 * 8 + 1, cell  # 16rem and the cell's padding
+        assert page.locator(f'tr[data-node="{LONG}"] td.node-name').inner_text().replace("\n", "") == LONG
+
+
 def test_a_long_node_name_stays_left_of_the_slot_tables_axis(browser, console):
-    context = sign_in(browser, console)
-    page = context.new_page()
-    try:
-        page.goto(console.url + "/slots/?zoom=6h")
-        wait_live(page)
+    with opened(browser, console, "/slots/?zoom=6h") as page:
         row = page.locator(f'#slot-table [role=row][data-node="{LONG}"]')
         label = row.locator("text.label").bounding_box()
         axis = page.locator("#slot-table svg.rows line.axis").first.bounding_box()
@@ -63,5 +68,3 @@ def test_a_long_node_name_stays_left_of_the_slot_tables_axis(browser, console):
         assert drawn == LONG[:23] + "…"
         assert name.startswith(drawn), name
         assert LONG in name
-    finally:
-        context.close()
