@@ -203,9 +203,8 @@ def main() -> None:
     )
     report("add+remove", ours_s, slow_s)
 
-    # The same writes on the node's own line alone: the rest of a write is the fleet's total (`_total`, kept for
-    # total_free_at) and the index. As a Line the total's lists grew with the whole table, and were most of a write
-    # (leases/slots/total.py).
+    # The same writes on the node's own line alone: the rest of a write is the fleet's total line (`_total`, every
+    # node's reservations on one line, kept for total_free_at), whose lists grow with the whole table.
     def on_its_line(r: Reservation) -> Callable[[], object]:
         ((node, use),) = r.alloc.items()
         line, v = table._lines[node], vec(use)
@@ -214,7 +213,7 @@ def main() -> None:
     own_s, _ = timed([on_its_line(r) for r in fitting])
     print(
         f"{'  the node line alone':<22}{pct(own_s, 50):>10.1f}{pct(own_s, 99):>10.1f}"
-        f"   (the rest: the fleet's total, {len(table._total.times):,} steps, and the index)"
+        f"   (the fleet's total line, {len(table._total.times):,} points: the rest)"
     )
 
     searches = [

@@ -26,7 +26,6 @@ from leases.slots.lines import (
     Line,
 )
 from leases.slots.rooms import RoomCounts
-from leases.slots.total import Total
 from leases.slots.values import (
     ZERO_VEC,
     Overcommit,
@@ -74,9 +73,9 @@ class SlotTable:
         self._owned: set[int] = set(self.nodes)
         self._index = Index()
         self._index_owned = True
-        # The whole fleet's usage as one step function: "is there room for n copies at t" has a cheap upper bound
-        # (total_free_at), which rules out most candidate instants without looking at any node.
-        self._total = Total()
+        # The whole fleet's usage as one step function: "is there room for n copies at t" has a one-bisection
+        # upper bound (total_free_at), which rules out most candidate instants without looking at any node.
+        self._total = Line()
         self._total_owned = True
         self._total_cap: Vec = ZERO_VEC
         # The flat columns of every node's line, built on first use (`arrays`), and the nodes written since.
@@ -180,7 +179,10 @@ class SlotTable:
 
     def total_free_cpu_at(self, t: float) -> int:
         """total_free_at(t).cpu, building no Res (asked before every queued lease is looked at)."""
-        return self._total_cap[0] - self._total.cpu_at(t)
+        times = self._total.times
+        k = bisect_right(times, t) - 1
+        cpu = self._total.cols[0]
+        return self._total_cap[0] - (cpu[k] if k >= 0 and cpu else 0)
 
     def total_copies_at(self, unit: Res, t: float) -> int:
         """How many copies of `unit` the fleet's total free capacity at t holds (an upper bound on how many fit
@@ -461,7 +463,7 @@ class SlotTable:
                 raise Overcommit(node, instant, unvec(v), self.available_at(node, instant))
             done.append((node, v))
             total = vec_plus(total, v)
-        self._writable_total().add(start, end, total)
+        self._writable_total().add(rid, start, end, total)
         self._writable_index().add(r)
 
     def remove(self, rid: int) -> Reservation:
@@ -472,7 +474,7 @@ class SlotTable:
             v = vec(use)
             self._writable_line(node).remove(rid, start, end, v, nonzero_dims(v))
             total = vec_plus(total, v)
-        self._writable_total().remove(r.start, r.end, total)
+        self._writable_total().remove(rid, r.start, r.end, total)
         self._writable_index().remove(r)
         return r
 
@@ -577,7 +579,7 @@ class SlotTable:
             self._owned.add(node)
         return self._lines[node]
 
-    def _writable_total(self) -> Total:
+    def _writable_total(self) -> Line:
         if not self._total_owned:
             self._total = self._total.clone()
             self._total_owned = True

@@ -878,8 +878,8 @@ def test_the_columns_answer_a_window_again_from_memory_until_the_next_write():
 @settings(max_examples=60, deadline=None)
 @given(st.randoms(use_true_random=False))
 def test_the_fleet_total_follows_many_writes_and_copies_as_a_sum_of_every_reservation(rnd):
-    """The fleet-wide total remembers writes and folds them in batches (leases/slots/total.py): after every write,
-    on the table and on a copy taken halfway, it equals the plain sum over the reservations each one holds."""
+    """The fleet-wide total (total_free_at, total_free_cpu_at): after every write, on the table and on a copy taken
+    halfway, it equals the plain sum over the reservations each one holds (kept for any faster total to meet)."""
     nodes = {n: Res(cpu=10_000, mem=100_000, disk=1_000) for n in range(1, 6)}
     table = SlotTable(nodes)
     held: dict[int, Reservation] = {}
