@@ -68,3 +68,20 @@ def test_a_long_node_name_stays_left_of_the_slot_tables_axis(browser, console):
         assert drawn == LONG[:23] + "…"
         assert name.startswith(drawn), name
         assert LONG in name
+
+
+def test_no_page_scrolls_sideways_for_a_long_node_name(browser, console):
+    """Its own page's heading (a flex item, as wide as its longest word before) and a preview's verdict table, which
+    lists every node: there the name breaks over lines instead of squeezing the reasons beside it."""
+    with opened(browser, console, "/") as page:
+        node_id = page.locator(f'tr[data-node="{LONG}"]').get_attribute("id").removeprefix("node-")
+        for path in (f"/nodes/{node_id}/", "/placement/preview"):
+            page.goto(console.url + path)
+            if path == "/placement/preview":
+                page.locator("form:has(input[name=cpu_cores]) button[type=submit]").click()
+                page.wait_for_selector(f"text={LONG[:40]}")
+                name = page.locator(f'table a:text-is("{LONG}")').bounding_box()
+                short = page.locator('table a:text-is("tank")').bounding_box()
+                assert name["height"] > 1.5 * short["height"], (name, short)
+            wide, view = page.evaluate("() => [document.documentElement.scrollWidth, window.innerWidth]")
+            assert wide <= view, (path, wide, view)
