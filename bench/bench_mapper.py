@@ -13,7 +13,7 @@ Prints the CPU seconds of each variant, the milliseconds a lease, and checks tha
 (`Scheduler.explain` over the VM reservation it got, or over its window from the batch's `now`), and prints those
 CPU seconds apart: the reports' pure share, outside the scheduler's figure.
 
-    .venv/bin/python bench/bench_mapper.py [--nodes 1000] [--leases 10000] [--rounds 2] [--batch 100] [--reports] [--few-with-room 8] [--profile]
+    .venv/bin/python bench/bench_mapper.py [--nodes 1000] [--leases 10000] [--rounds 2] [--batch 100] [--reports] [--profile]
 """
 
 from __future__ import annotations
@@ -115,16 +115,9 @@ def main() -> None:
         help="requests sharing a `now` (a pass takes up to 500: store.MAX_BATCH)",
     )
     parser.add_argument("--reports", action="store_true", help="also explain every lease, as its report does")
-    parser.add_argument(
-        "--few-with-room",
-        type=int,
-        default=mapper.FEW_WITH_ROOM,
-        help="mapper.FEW_WITH_ROOM for every run (0: a host order always walks the whole kept ranking)",
-    )
     parser.add_argument("--profile", action="store_true", help="profile one lazy run instead")
     args = parser.parse_args()
     asks = workload(args.leases, args.seed)
-    mapper.FEW_WITH_ROOM = args.few_with_room
     if args.profile:
         prof = cProfile.Profile()
         prof.enable()

@@ -81,8 +81,6 @@ class SlotTable:
         # The flat columns of every node's line, built on first use (`arrays`), and the nodes written since.
         self._arrays: NodeArrays | None = None
         self._dirty: set[int] = set()
-        # Sets that want to know every node written to from now on (the mapper's kept host rankings).
-        self.watchers: list[set[int]] = []
         # Per node, its reservations as `_Use` rows in (start, rid) order and in lease order, built when `blockers`
         # first asks and dropped when the node is written to.
         self._uses: dict[int, tuple[list[_Use], list[_Use]]] = {}
@@ -540,7 +538,7 @@ class SlotTable:
         other._owned, self._owned = set(), set()
         other._index_owned = self._index_owned = False
         other._total_owned = self._total_owned = False
-        other._arrays, other._dirty, other.watchers = None, set(), []
+        other._arrays, other._dirty = None, set()
         other._uses, other._blocked = {}, {}
         return other
 
@@ -572,8 +570,6 @@ class SlotTable:
         self._dirty.add(node)
         self._uses.pop(node, None)
         self._blocked.pop(node, None)
-        for watcher in self.watchers:
-            watcher.add(node)
         if node not in self._owned:
             self._lines[node] = self._lines[node].clone()
             self._owned.add(node)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from bisect import bisect_left, insort
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence, Set
 from dataclasses import fields
@@ -29,11 +28,6 @@ EMPTY = Res()  # a node's share before any vnode is mapped to it (compared by id
 _NONE: dict = {}  # read-only: no extra use, no group members (no dict built per mapping attempt)
 # From this many nodes on, the host order is handed out lazily (HostOrder); below it sorting them all is cheap.
 LAZY_NODES = 256
-# Host rankings kept per (start, duration), the least recently used dropped first.
-RANKINGS = 16
-# A kept ranking's nodes with room are sorted by score themselves when they are fewer than 1 in this many of the
-# ranking (HostOrder._rest); otherwise the ranking is walked in order.
-FEW_WITH_ROOM = 8
 # Score columns (Summaries) kept per start, the least recently used dropped first.
 SUMMARIES = 4
 
@@ -41,10 +35,6 @@ SUMMARIES = 4
 class Mapper(PlanBook):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # Host rankings kept across mapping attempts, per (start, duration) (Ranking), and the windows asked for
-        # once so far (a ranking is kept from the second time on).
-        self._rankings: OrderedDict[tuple[float, float], Ranking] = OrderedDict()
-        self._asked: OrderedDict[tuple[float, float], None] = OrderedDict()
         # Every node's score summary at one start as columns (Summaries), per start, and the starts asked for once.
         self._summaries: OrderedDict[float, Summaries] = OrderedDict()
         self._asked_at: OrderedDict[float, None] = OrderedDict()
@@ -268,27 +258,6 @@ class Mapper(PlanBook):
         leases, change = self._summary(node, start)
         return host_score(leases, change, start, duration)
 
-    def _ranking(self, start: float, duration: float) -> Ranking | None:
-        """Every node of the live table as (-score, node), sorted, for one start and duration: kept across
-        mapping attempts (a batch of submissions shares its `now`), each node re-scored only after a write to it.
-        None the first time a window is asked for: most windows (the queue's future instants) are asked once,
-        and ranking every node for them would cost more than sorting the few with room."""
-        key = (start, duration)
-        got = self._rankings.get(key)
-        if got is None:
-            if not _asked_before(self._asked, key, 4 * RANKINGS):
-                return None
-            if len(self._rankings) >= RANKINGS:
-                _, old = self._rankings.popitem(last=False)
-                # By identity: two rankings' sets of touched nodes can be equal (both empty).
-                self.table.watchers[:] = [w for w in self.table.watchers if w is not old.dirty]
-            got = self._rankings[key] = Ranking(self, start, duration)
-            self.table.watchers.append(got.dirty)
-        else:
-            self._rankings.move_to_end(key)
-        got.current(self, start, duration)
-        return got
-
     def _summary(self, node: int, t: float) -> tuple[int, float]:
         got = self._views.get(node)
         if got is None or not got[0] <= t < got[1]:
@@ -309,31 +278,13 @@ def host_score(leases: int, change: float, start: float, duration: float) -> flo
 
 def _asked_before(asked: OrderedDict, key: Hashable, bound: int) -> bool:
     """Whether `key` was asked for before; if not, it is remembered (the oldest forgotten past `bound`). The kept
-    rankings and score columns are built from a key's second ask on: most keys are asked once."""
+    score columns are built from a start's second ask on: most starts are asked once."""
     if key in asked:
         return True
     asked[key] = None
     if len(asked) > bound:
         asked.popitem(last=False)
     return False
-
-
-class Ranking:
-    """Every node of the live table sorted by (-score, node) for one (start, duration), and the nodes written to
-    since (`dirty`, kept up to date by the slot table itself): re-sorting one node is a bisection."""
-
-    def __init__(self, mapper: Mapper, start: float, duration: float) -> None:
-        self.scores = {n: -mapper._score(n, start, duration) for n in mapper.table.nodes}
-        self.keys = sorted((s, n) for n, s in self.scores.items())
-        self.dirty: set[int] = set()
-
-    def current(self, mapper: Mapper, start: float, duration: float) -> None:
-        for node in self.dirty:
-            old = (self.scores[node], node)
-            del self.keys[bisect_left(self.keys, old)]
-            self.scores[node] = new = -mapper._score(node, start, duration)
-            insort(self.keys, (new, node))
-        self.dirty.clear()
 
 
 class Summaries:
@@ -349,21 +300,22 @@ class Summaries:
         self.start = start
         self.nodes = list(mapper.table.nodes)
         self.pos = {n: i for i, n in enumerate(self.nodes)}
+        self.ids = np.asarray(self.nodes, dtype=np.int64)
         self.leases = np.zeros(len(self.nodes), dtype=np.int64)
         self.change = np.zeros(len(self.nodes), dtype=np.float64)
         self.dirty: set[int] = set(self.nodes)
 
-    def current(self, mapper: Mapper, nodes: Sequence[int]) -> None:
+    def current(self, mapper: Mapper, nodes: Iterable[int]) -> None:
         """Reads again the summaries of `nodes` touched since they were read (or never read): a batch of approvals
         excludes the dead nodes, which are then never read at all."""
         dirty = self.dirty
         if not dirty:
             return
-        for node in nodes:
-            if node in dirty:
-                i = self.pos[node]
-                self.leases[i], self.change[i] = mapper._summary(node, self.start)
-                dirty.discard(node)
+        stale = dirty.intersection(nodes)
+        for node in stale:
+            i = self.pos[node]
+            self.leases[i], self.change[i] = mapper._summary(node, self.start)
+        dirty -= stale
 
     def order(
         self, mapper: Mapper, nodes: Sequence[int], start: float, duration: float, avoid: Iterable[int]
@@ -373,13 +325,7 @@ class Summaries:
             return []
         self.current(mapper, nodes)
         rows = np.fromiter(map(self.pos.__getitem__, nodes), np.int64, len(nodes))
-        crowd = (4 - np.minimum(self.leases[rows], 4)) / 4
-        if duration <= 0:
-            steady: npt.NDArray[np.float64] | float = 1.0
-        else:
-            # inf - start is inf, and min(1, inf) is 1: the same as `change == inf` answering 1.
-            steady = np.minimum(1.0, (self.change[rows] - start) / duration)
-        key = -(0.5 * crowd + 0.25 + 0.25 * steady)
+        key = self._keys(rows, start, duration)
         if avoid:
             avoided = set(avoid)
             ranked = np.lexsort((key, np.fromiter((n in avoided for n in nodes), bool, len(nodes))))
@@ -387,6 +333,28 @@ class Summaries:
             ranked = np.argsort(key, kind="stable")
         picked = np.asarray(nodes, dtype=np.int64)[ranked]
         return picked.tolist()
+
+    def order_of(self, mapper: Mapper, nodes: Set[int], start: float, duration: float) -> list[int]:
+        """The set `nodes` in the order `order` gives them listed in the table's node order: sorted by row in
+        numpy rather than by position in Python (HostOrder._rest asks this for every lease that maps past the idle
+        nodes, with hundreds of nodes with room early in a burst)."""
+        if not nodes:
+            return []
+        self.current(mapper, nodes)
+        rows = np.fromiter(map(self.pos.__getitem__, nodes), np.int64, len(nodes))
+        rows.sort()
+        picked = self.ids[rows[np.argsort(self._keys(rows, start, duration), kind="stable")]]
+        return picked.tolist()
+
+    def _keys(self, rows: npt.NDArray[np.int64], start: float, duration: float) -> npt.NDArray[np.float64]:
+        crowd = (4 - np.minimum(self.leases[rows], 4)) / 4
+        if duration <= 0:
+            steady: npt.NDArray[np.float64] | float = 1.0
+        else:
+            # inf - start is inf, and min(1, inf) is 1: the same as `change == inf` answering 1.
+            steady = np.minimum(1.0, (self.change[rows] - start) / duration)
+        key: npt.NDArray[np.float64] = -(0.5 * crowd + 0.25 + 0.25 * steady)
+        return key
 
 
 class HostOrder:
@@ -397,10 +365,12 @@ class HostOrder:
     there now caps it at 0.875; an empty node that changes within the window scores 0.75 plus less than 0.25).
     The sort is stable, so these idle nodes lead the order in node order. They are found in one vectorised pass
     over the slot table's columns (leases/slots/arrays.py) and handed out one by one; only if the mapper wants
-    more are the others taken, from a ranking kept across mapping attempts for the same window (`Ranking`: a
-    batch of submissions shares its `now`), re-scoring only the nodes written to since. A burst on a large fleet places most leases on idle nodes,
-    and scoring every node for every mapping attempt was four-fifths of the pure cost of a submission
-    (docs/BENCHMARKS.md, "Lease burst").
+    more are the others taken: the nodes with room, ordered by the score columns kept for the start across
+    mapping attempts (`Summaries`: a batch of submissions shares its `now`), which read again only the nodes
+    written to since. A burst on a large fleet places most leases on idle nodes, and scoring every node for every
+    mapping attempt was four-fifths of the pure cost of a submission (docs/BENCHMARKS.md, "Lease burst"). The
+    columns are kept per start, not per window: a ranking kept per (start, duration) was built again for every
+    duration a burst asks for (docs/BENCHMARKS.md, "The host order's rest from the score columns").
 
     Every reservation uses some cpu, memory or disk on each of its nodes (a VM always does), so "nothing
     reserved" and "no use in those three" are the same; tests/leases/test_host_order.py checks the two orders
@@ -452,27 +422,24 @@ class HostOrder:
 
     def _rest(self) -> Iterator[int]:
         m, req, start, duration = self._mapper, self._req, self._start, self._duration
-        ranking = m._ranking(start, duration)
-        if ranking is None:
+        columns = m._summary_columns(start)
+        if columns is None:
             for node in m._sorted_hosts(m.table, req, start, duration, None):
                 if node not in self._lead:
                     yield node
             return
-        # The kept ranking, filtered as _sorted_hosts filters before sorting (usable nodes where the smallest
-        # vnode fits at `start`, from the same kept room counts): the same order without scoring every node.
+        # The nodes _sorted_hosts would sort (usable nodes where the smallest vnode fits at `start`, from the
+        # same kept room counts), less the idle ones already handed out, in the table's node order, then ordered
+        # by the kept score columns: the same order without scoring a node that was not written to. On a busy
+        # fleet few nodes have room (none once it is full, as for every lease a burst queues), and only those
+        # are read.
         barred = m._barred_of(req) if req.barred else frozenset()
         smallest = m._smallest_of(req)
         with_room = m._room.with_room(start, smallest, m._usable_nodes(), m._counter(smallest, start))
-        lead, scores = self._lead, ranking.scores
-        if len(with_room) * FEW_WITH_ROOM < len(scores):
-            roomy = [n for n in with_room if n in scores and n not in lead and n not in barred]
-            # On a busy fleet few nodes have room (none once it is full, as for every lease a burst queues):
-            # sorted by the kept scores, they come in the ranking's order without walking every node of it.
-            yield from sorted(roomy, key=lambda n: (scores[n], n))
-            return
-        for _, node in list(ranking.keys):
-            if node in with_room and node not in lead and node not in barred:
-                yield node
+        nodes = with_room - self._lead
+        if barred:
+            nodes -= barred
+        yield from columns.order_of(m, nodes, start, duration)
 
 
 def size_order(vnodes: Sequence[Res]) -> list[int]:

@@ -190,36 +190,65 @@ def busy_batch(rng: random.Random, nodes: int, busy, batch: int, most_vms: int) 
 
 
 @pytest.mark.parametrize("seed", [4, 9])
-def test_the_few_nodes_with_room_sorted_by_the_kept_scores_come_in_the_order_of_walking_the_ranking(
+def test_a_busy_batch_plans_the_same_whether_the_rest_of_the_order_comes_from_the_columns_or_from_scoring(
     seed, monkeypatch
 ):
-    """HostOrder._rest either sorts the few nodes with room by the ranking's scores or walks the whole ranking:
-    forced one way and then the other, a busy batch sharing its `now` plans the same, and so does the full sort."""
+    """HostOrder._rest orders the nodes with room by the kept score columns (Summaries); with the columns never
+    kept, it scores each node as _sorted_hosts does. A busy batch sharing its `now` plans the same either way, and
+    as the full sort."""
 
-    def plan(lazy: bool, few: int) -> list:
-        monkeypatch.setattr(mapper, "LAZY_NODES", 0 if lazy else 1 << 30)
-        monkeypatch.setattr(mapper, "FEW_WITH_ROOM", few)
-        return busy_batch(random.Random(seed), 24, lambda n: (300 * n, Res(100 * (n % 4 + 1), 1024)), 120, 3)
+    def plan(lazy: bool, columns: bool) -> list:
+        with monkeypatch.context() as m:
+            m.setattr(mapper, "LAZY_NODES", 0 if lazy else 1 << 30)
+            if not columns:
+                m.setattr(mapper.Mapper, "_summary_columns", lambda self, start: None)
+            return busy_batch(
+                random.Random(seed), 24, lambda n: (300 * n, Res(100 * (n % 4 + 1), 1024)), 120, 3
+            )
 
-    sorted_few = plan(lazy=True, few=1 << 30)  # every _rest sorts the nodes with room
-    walked = plan(lazy=True, few=0)  # every _rest walks the ranking
-    assert sorted_few == walked == plan(lazy=False, few=0)
-    assert len({lid for lid, *_ in walked}) > 24, "the batch placed leases past the busy nodes' first ones"
+    from_columns = plan(lazy=True, columns=True)
+    assert from_columns == plan(lazy=True, columns=False) == plan(lazy=False, columns=False)
+    assert len({lid for lid, *_ in from_columns}) > 24, (
+        "the batch placed leases past the busy nodes' first ones"
+    )
 
 
-def test_a_window_asked_for_twice_keeps_a_ranking_and_the_kept_ones_are_bounded(monkeypatch):
+@pytest.mark.parametrize("seed", range(6))
+def test_the_rest_of_a_lazy_order_is_the_sorted_order_with_exclusions_barred_nodes_and_ties(
+    seed, monkeypatch
+):
+    """The columns' order of the nodes with room, less the idle lead and the barred nodes, is _sorted_hosts'
+    order scored node by node, ties in node order, while the plan changes between asks."""
     monkeypatch.setattr(mapper, "LAZY_NODES", 0)
-    s = Scheduler({n: Res(100, 1024, 10, 0, 0) for n in range(1, 5)}, SchedulerConfig())
-    for n in range(1, 5):  # no idle node: every order goes on to the scored rest
-        s.submit(LeaseRequest(n, "best_effort", 0, None, 600 + n, (Res(50, 512),)), 0)
-    req = LeaseRequest(50, "best_effort", 0, None, 60, (Res(50, 512),))
-    for k in range(mapper.RANKINGS + 5):  # more windows than are kept, each asked for twice
-        for _ in range(2):
-            got = list(HostOrder(s, req, 10.0 + k, 60.0))
-            assert got == s._sorted_hosts(s.table, req, 10.0 + k, 60.0, None)
-    assert len(s._rankings) == mapper.RANKINGS
-    assert len(s.table.watchers) == mapper.RANKINGS, "an evicted ranking stops watching the table"
-    assert all(any(w is r.dirty for w in s.table.watchers) for r in s._rankings.values())
+    rng = random.Random(seed)
+    s = random_plan(rng, rng.choice([12, 40]))
+    nodes = list(s.table.nodes)
+    s._use_exclusions({n: "draining" for n in rng.sample(nodes, 2)})
+    used = 0
+    for k in range(40):
+        start = rng.choice([3000.0, 3000.0, 3600.5])
+        req = LeaseRequest(
+            50_000 + k,
+            "best_effort",
+            start,
+            None,
+            rng.choice([60.0, 600.0, 5000.0]),
+            tuple(rng.choice(VMS) for _ in range(rng.randint(1, 3))),
+            barred=tuple((n, "missing_capability: x") for n in rng.sample(nodes, rng.randint(0, 3))),
+        )
+        got = list(HostOrder(s, req, start, req.duration))
+        used += start in s._summaries
+        with monkeypatch.context() as m:
+            m.setattr(mapper.Mapper, "_summary_columns", lambda self, start: None)
+            want = s._sorted_hosts(s.table, req, start, req.duration, None)
+        assert got == want, (seed, k)
+        if rng.random() < 0.6:
+            s.submit(replace(req, id=60_000 + k, barred=()), start)
+        else:
+            placed = [lid for lid, rec in s.leases.items() if rec.state == "scheduled"]
+            if placed:
+                s.cancel(rng.choice(placed), start)
+    assert used > 20, "the columns were used for most orders"
 
 
 @pytest.mark.parametrize("seed", range(8))
