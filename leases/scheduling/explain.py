@@ -36,6 +36,11 @@ DISK = 2
 # Nodes whose blocking leases are named in a report (the ones closest to fitting first): naming them walks each
 # node's reservations, and a report names at most five per node anyway.
 BLOCKER_NODES = 8
+# Capacity verdicts (one VM shape over one window) kept on the slot table's columns between writes, in bytes:
+# each holds about 100 bytes a node (16 MiB is about 160 of them at 1,000 nodes; a pass of 500 requests asked
+# for about 125), and all are dropped when they would hold more.
+KEPT_VERDICT_BYTES = 16 << 20
+UNBOUNDED = np.iinfo(np.int64).max
 _R = ReasonCode
 # The codes a verdict column indexes (fleet.reports.Columns), exclusions' own codes appended after them.
 CODES: tuple[str, ...] = tuple(c.value for c in ReasonCode)
@@ -96,62 +101,52 @@ class Explaining(EventLoop):
         cap = arr.caps
         need = np.array(vec(vm)[:DIMS], dtype=np.int64)
         wants = [d for d in CHECK_ORDER if need[d] > 0]
+        allowed = count if req.spread is None else req.spread
 
-        # Free over the window: capacity less the peak, with the lease's own share added back, and less what the
-        # node is seen to use beyond the plan when the window starts now (the now-gate).
-        if end > start:
-            peak, at_start = arr.over(start, end)
+        # Every node's capacity verdict as if the lease held nothing and no group member stood anywhere: kept on
+        # the columns until the next write (a pass's reports ask the same few shapes over the same few windows
+        # hundreds of times), then the rows that differ (the lease's own nodes, its group's) worked out again
+        # one by one (_row_verdict, the same arithmetic for one row).
+        extra = self._extra_columns(arr) if start <= now and self._now_extra else None
+        key = ("verdicts", start, end, start <= now, vm)
+        kept = arr.derived.get(key)
+        if isinstance(kept, tuple) and kept[0] is extra:
+            base: _Capacity = kept[1]
         else:
-            peak = at_start = arr.level_at(start)
-        free = cap - peak
-        free_now = cap - at_start if start <= now else None
-        for node, r in own.items():
-            free[pos[node]] += vec(r)[:DIMS]
-            if free_now is not None:
-                free_now[pos[node]] += vec(r)[:DIMS]
-        if free_now is not None and self._now_extra:
-            extra = self._extra_columns(arr)
-            free -= extra
-            free_now -= extra
-
-        holds = _copies(free, need, wants, count)
-        too_small = np.zeros(size, dtype=bool)
-        for d in wants:
-            too_small |= cap[:, d] < need[d]
-        allowed = np.full(size, count if req.spread is None else req.spread, dtype=np.int64)
-        if req.spread is not None:
-            for node, n in req.taken:
-                if node in pos:
-                    allowed[pos[node]] = max(req.spread - n, 0)
-        anti = (holds > 0) & (allowed == 0) & ~too_small
-        holds = np.where(too_small, 0, np.minimum(holds, allowed))
-
-        # The short dimension: the first of disk, memory, cores falling short (of capacity when too small, else
-        # of the free figure); memory where nothing falls short.
-        short = np.full(size, MEM, dtype=np.int64)
-        settled = np.zeros(size, dtype=bool)
-        for d in wants:
-            falls = np.where(too_small, cap[:, d], free[:, d]) < need[d]
-            short = np.where(falls & ~settled, d, short)
-            settled |= falls
-        fit = holds > 0
-        capacity_short = ~fit & ~too_small & ~anti
-        short = np.where(fit | anti, MEM, short)
-        rows = np.arange(size)
-        shown_free = np.where(too_small, cap[rows, short], free[rows, short])
-        shown_need = need[short]
-        shown_cap = cap[rows, short]
-
-        # Why a node with no room has none: its disk, busy now (when the window starts now), else reservations.
-        busy_now = (
-            _copies(free_now, need, wants, 1) == 0 if free_now is not None else np.zeros(size, dtype=bool)
+            peak, at_start = arr.over(start, end) if end > start else (arr.level_at(start),) * 2
+            free = cap - peak
+            free_now = cap - at_start if start <= now else None
+            if extra is not None and free_now is not None:
+                free -= extra
+                free_now -= extra
+            base = _Capacity.of(cap, free, free_now, need, wants, None)
+            if len(arr.derived) >= max(8, KEPT_VERDICT_BYTES // (100 * max(size, 1))):
+                arr.derived.clear()
+            arr.derived[key] = (extra, base)  # with the now-gate's figures it was derived from, by identity
+        most = min(count, allowed)  # on every node but the group's and the lease's own
+        got = (
+            base.copy(most)
+            if most > 0
+            else _Capacity.of(cap, base.free, base.free_now, need, wants, np.zeros(size, np.int64))
         )
-        codes = np.full(size, -1, dtype=np.int64)
-        codes[too_small] = _CODE_AT[_R.TOO_SMALL]
-        codes[anti] = _CODE_AT[_R.ANTI_AFFINITY]
-        codes[capacity_short & (short == DISK)] = _CODE_AT[_R.NO_DISK]
-        codes[capacity_short & (short != DISK) & busy_now] = _CODE_AT[_R.AT_CAPACITY]
-        codes[capacity_short & (short != DISK) & ~busy_now] = _CODE_AT[_R.RESERVED]
+        if own or (req.spread is not None and req.taken):
+            # Per row in Python ints: a numpy call costs microseconds whatever its size, and these rows are few.
+            limits = dict.fromkeys((pos[n] for n in own), most)
+            if req.spread is not None:
+                limits.update((pos[n], min(max(req.spread - k, 0), count)) for n, k in req.taken if n in pos)
+            added = {pos[n]: vec(r)[:DIMS] for n, r in own.items()}
+            needs = need.tolist()
+            for row, limit in limits.items():
+                free_row, now_row, back = base.free[row].tolist(), None, added.get(row)
+                if base.free_now is not None:
+                    now_row = base.free_now[row].tolist()
+                if back is not None:
+                    free_row = [f + b for f, b in zip(free_row, back, strict=True)]
+                    now_row = None if now_row is None else [f + b for f, b in zip(now_row, back, strict=True)]
+                got.set_row(row, _row_verdict(cap[row].tolist(), free_row, now_row, needs, wants, limit))
+        holds, short, codes, capacity_short = got.holds, got.short, got.codes, got.capacity_short
+        shown_free, shown_need, shown_cap = got.shown_free, got.shown_need, got.shown_cap
+        too_small = got.too_small
 
         # The mapper's order: the nodes it chose first (it fills nodes in its order, so they led it), then the
         # rest in the order it tried them for this request. When it placed the lease before reaching the end of
@@ -263,6 +258,146 @@ class Explaining(EventLoop):
             for memo in (self._orders, self._smallest, self._barred):
                 memo.pop(req.id, None)
         return list(dict.fromkeys(found[0][v] for v in sorted(found[0]))) if found else []
+
+
+@dataclass
+class _Capacity:
+    """Every row's capacity verdict for one VM shape over one window: how many it holds, the short dimension and
+    the figures shown for it, and the code (-1 when it holds some). `free` and `free_now` are what they were
+    derived from, kept so that a few rows can be derived again with a lease's own share added back."""
+
+    free: npt.NDArray[np.int64]
+    free_now: npt.NDArray[np.int64] | None
+    holds: npt.NDArray[np.int64]
+    too_small: npt.NDArray[np.bool_]
+    short: npt.NDArray[np.int64]
+    capacity_short: npt.NDArray[np.bool_]
+    shown_free: npt.NDArray[np.int64]
+    shown_need: npt.NDArray[np.int64]
+    shown_cap: npt.NDArray[np.int64]
+    codes: npt.NDArray[np.int64]
+
+    @classmethod
+    def of(
+        cls,
+        cap: npt.NDArray[np.int64],
+        free: npt.NDArray[np.int64],
+        free_now: npt.NDArray[np.int64] | None,
+        need: npt.NDArray[np.int64],
+        wants: list[int],
+        allowed: npt.NDArray[np.int64] | None,
+    ) -> _Capacity:
+        """`allowed`: per row, the most of the lease's VMs it may hold (its VM count, or fewer for the group's
+        spread less the members there); None: no bound, the copies that fit (`copy` bounds them);
+        `free_now`: free at the window's start when it starts now, else None."""
+        size = len(cap)
+        holds = _copies(free, need, wants, UNBOUNDED)
+        too_small = np.zeros(size, dtype=bool)
+        for d in wants:
+            too_small |= cap[:, d] < need[d]
+        if allowed is None:
+            anti = np.zeros(size, dtype=bool)
+            holds[too_small] = 0
+        else:
+            anti = (holds > 0) & (allowed == 0) & ~too_small
+            holds = np.where(too_small, 0, np.minimum(holds, allowed))
+
+        # The short dimension: the first of disk, memory, cores falling short (of capacity when too small, else
+        # of the free figure); memory where nothing falls short.
+        short = np.full(size, MEM, dtype=np.int64)
+        settled = np.zeros(size, dtype=bool)
+        for d in wants:
+            falls = np.where(too_small, cap[:, d], free[:, d]) < need[d]
+            short = np.where(falls & ~settled, d, short)
+            settled |= falls
+        fit = holds > 0
+        capacity_short = ~fit & ~too_small & ~anti
+        short = np.where(fit | anti, MEM, short)
+        rows = np.arange(size)
+        shown_free = np.where(too_small, cap[rows, short], free[rows, short])
+
+        # Why a node with no room has none: its disk, busy now (when the window starts now), else reservations.
+        busy_now = (
+            _copies(free_now, need, wants, 1) == 0 if free_now is not None else np.zeros(size, dtype=bool)
+        )
+        codes = np.full(size, -1, dtype=np.int64)
+        codes[too_small] = _CODE_AT[_R.TOO_SMALL]
+        codes[anti] = _CODE_AT[_R.ANTI_AFFINITY]
+        codes[capacity_short & (short == DISK)] = _CODE_AT[_R.NO_DISK]
+        codes[capacity_short & (short != DISK) & busy_now] = _CODE_AT[_R.AT_CAPACITY]
+        codes[capacity_short & (short != DISK) & ~busy_now] = _CODE_AT[_R.RESERVED]
+        return cls(
+            free,
+            free_now,
+            holds,
+            too_small,
+            short,
+            capacity_short,
+            shown_free,
+            need[short],
+            cap[rows, short],
+            codes,
+        )
+
+    def copy(self, most: int) -> _Capacity:
+        """A copy whose verdict columns may be changed, holding at most `most` VMs a row (more than zero: a row
+        held to none is an anti-affinity verdict, derived again with its own bound); `free` and `free_now` are
+        shared, read-only."""
+        return _Capacity(
+            self.free,
+            self.free_now,
+            np.minimum(self.holds, most),
+            self.too_small.copy(),
+            self.short.copy(),
+            self.capacity_short.copy(),
+            self.shown_free.copy(),
+            self.shown_need.copy(),
+            self.shown_cap.copy(),
+            self.codes.copy(),
+        )
+
+    def set_row(self, row: int, verdict: tuple[int, bool, int, bool, int, int, int, int]) -> None:
+        """One row's verdict (`_row_verdict`'s) written over it."""
+        (
+            self.holds[row],
+            self.too_small[row],
+            self.short[row],
+            self.capacity_short[row],
+            self.shown_free[row],
+            self.shown_need[row],
+            self.shown_cap[row],
+            self.codes[row],
+        ) = verdict
+
+
+def _row_verdict(
+    cap: list[int],
+    free: list[int],
+    free_now: list[int] | None,
+    need: list[int],
+    wants: list[int],
+    allowed: int,
+) -> tuple[int, bool, int, bool, int, int, int, int]:
+    """One node's verdict, `_Capacity.of`'s arithmetic for a single row in Python ints: (holds, too small, short
+    dimension, short of capacity, free, need and allocatable shown, code index or -1)."""
+    copies = min((max(free[d], 0) // need[d] for d in wants), default=int(UNBOUNDED))
+    too_small = any(cap[d] < need[d] for d in wants)
+    anti = copies > 0 and allowed == 0 and not too_small
+    holds = 0 if too_small else min(copies, allowed)
+    short = next((d for d in wants if (cap[d] if too_small else free[d]) < need[d]), MEM)
+    capacity_short = holds == 0 and not too_small and not anti
+    if holds > 0 or anti:
+        short = MEM
+    code = -1
+    if too_small:
+        code = _CODE_AT[_R.TOO_SMALL]
+    elif anti:
+        code = _CODE_AT[_R.ANTI_AFFINITY]
+    elif capacity_short:
+        busy_now = free_now is not None and any(free_now[d] < need[d] for d in wants)
+        code = _CODE_AT[_R.NO_DISK if short == DISK else _R.AT_CAPACITY if busy_now else _R.RESERVED]
+    shown_free = cap[short] if too_small else free[short]
+    return holds, too_small, short, capacity_short, shown_free, need[short], cap[short], code
 
 
 @lru_cache(maxsize=1024)

@@ -11,7 +11,7 @@ PURE: no Django.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -63,6 +63,10 @@ class NodeArrays:
         # over()'s answers per window until the next write: a pass's reports (one per decision, built after
         # every submit) ask the same few windows, "now" for each of a handful of durations, hundreds of times.
         self._windows: dict[tuple[float, float], tuple[LevelArray, LevelArray]] = {}
+        # Answers other modules derive from these columns, kept by them under their own keys and dropped here at
+        # the next write, as over()'s are (a pass's reports derive every node's verdicts for the same few shapes
+        # and windows again and again: leases/scheduling/explain.py).
+        self.derived: dict[Hashable, object] = {}
         self._layout([_columns(lines[n]) for n in nodes])
 
     def refresh(self, lines: Mapping[int, Line], dirty: Iterable[int]) -> None:
@@ -72,6 +76,7 @@ class NodeArrays:
         if not changed:
             return
         self._windows.clear()
+        self.derived.clear()
         fresh = {i: _columns(lines[int(self.nodes[i])]) for i in changed}
         self._grow({i: len(piece[0]) for i, piece in fresh.items()})
         for i, (times, levels) in fresh.items():

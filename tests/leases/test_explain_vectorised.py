@@ -161,3 +161,40 @@ def test_the_columns_are_rewritten_in_place_and_grow_where_a_line_outgrows_its_s
             assert all((a == b).all() for a, b in zip(together, fresh_together, strict=True))
     assert in_place >= 10
     assert grown >= 1
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_verdicts_kept_for_a_shape_and_window_hold_for_every_lease_own_share_group_and_now_gate(seed):
+    """The fleet's capacity verdicts for one VM shape over one window are kept on the slot table's columns until
+    the next write, and the rows that differ per lease worked out again: asked again and again for the same
+    shape and window with a different lease's own share, a different group, a changed now-gate and a write in
+    between, every answer is still the per-node loop's."""
+    rng = random.Random(seed)
+    s = random_plan(rng, rng.choice([8, 20]))
+    nodes = list(s.table.nodes)
+    vm = rng.choice(VMS)
+    start, end = 3000.0, 3600.0
+    kept = 0
+    for k in range(30):
+        spread = rng.choice([None, 1, 2])
+        req = LeaseRequest(
+            20_000 + k,
+            "advance_reservation",
+            start,
+            start,
+            end - start,
+            (vm,) * rng.randint(1, 3),
+            spread=spread,
+            taken=tuple((n, rng.randint(1, 2)) for n in rng.sample(nodes, 3)) if spread else (),
+        )
+        own = {n: vm for n in rng.sample(nodes, rng.randint(0, 2))}
+        if rng.random() < 0.2:
+            s.observe({n: Res(0, rng.choice([256, 2048]), 0) for n in rng.sample(nodes, 2)})
+        if rng.random() < 0.1:
+            s.submit(LeaseRequest(30_000 + k, "best_effort", start, None, 600, (vm,)), start)
+        kwargs = dict(chosen=own, excluded={}, now=rng.choice([start, start - 10]))
+        kept += bool(s.table.arrays().derived)
+        got = s.explain(req, start, end, **kwargs).verdicts
+        want = reference_verdicts(s, req, start, end, **kwargs)
+        assert comparable(got) == comparable(want), (seed, k)
+    assert kept > 15, "most asks found the shape's verdicts kept"
