@@ -253,11 +253,6 @@ class Mapper(PlanBook):
             return got[3]
         return None
 
-    def _score(self, node: int, start: float, duration: float) -> float:
-        """host_score on the live table."""
-        leases, change = self._summary(node, start)
-        return host_score(leases, change, start, duration)
-
     def _summary(self, node: int, t: float) -> tuple[int, float]:
         got = self._views.get(node)
         if got is None or not got[0] <= t < got[1]:
