@@ -142,25 +142,61 @@ def figures(numbers: Mapping | None) -> str:
     return out
 
 
+# A lease's type, as the report of its request names it.
+KINDS = {"best_effort": "best-effort", "advance_reservation": "advance reservation", "immediate": "immediate"}
+
+
 def request_words(request: Mapping | None) -> str:
-    """A stored placement request ({'mem_mib': 2048, 'cpu_cores': 1.0, 'count': 1, ...}) as a person says it:
-    "1 × (1 core, 2 GiB, 5 GiB disk), preferred node gpu-01"."""
+    """A stored placement request as a person says it. Two forms are stored: what the scheduler was asked
+    (leases/store.py, `report_row`: {"type", "vnodes": [...], "duration_s"}; every decision's and preview's
+    report) reads "best-effort, 2 × (1 core, 2 GiB, 5 GiB disk) for 20 min"; the placer's form ({'mem_mib':
+    2048, 'cpu_cores': 1.0, 'count': 1, ...}) reads "1 × (1 core, 2 GiB, 5 GiB disk), preferred node gpu-01"."""
     if not request:
         return ""
-    size = []
-    if request.get("cpu_cores"):
-        n = request["cpu_cores"]
-        size.append(f"{n:g} core{'' if n == 1 else 's'}")
-    if request.get("mem_mib"):
-        size.append(mem(int(request["mem_mib"])))
-    if request.get("disk_gib"):
-        size.append(f"{request['disk_gib']:,} GiB disk")
-    out = f"{request.get('count', 1)} × ({', '.join(size)})"
+    if "vnodes" in request or "type" in request:
+        shapes: dict[str, int] = {}
+        for vnode in request.get("vnodes") or ():
+            size = _size(vnode)
+            shapes[size] = shapes.get(size, 0) + 1
+        parts = [KINDS.get(request.get("type") or "", words(request.get("type")))]
+        parts.append(" + ".join(f"{n} × ({size})" for size, n in shapes.items()))
+        out = ", ".join(p for p in parts if p)
+        if request.get("duration_s"):
+            out += f" for {span(request['duration_s'])}"
+        return out
+    out = f"{request.get('count', 1)} × ({_size(request)})"
     if request.get("capabilities"):
         out += f", needs {', '.join(request['capabilities'])}"
     if request.get("preferred_node"):
         out += f", preferred node {request['preferred_node']}"
     return out
+
+
+def _size(spec: Mapping) -> str:
+    size = []
+    if spec.get("cpu_cores"):
+        n = spec["cpu_cores"]
+        size.append(f"{n:g} core{'' if n == 1 else 's'}")
+    if spec.get("mem_mib"):
+        size.append(mem(int(spec["mem_mib"])))
+    if spec.get("disk_gib"):
+        size.append(f"{spec['disk_gib']:,} GiB disk")
+    return ", ".join(size)
+
+
+def span(seconds: float) -> str:
+    """A duration as a person says it: "45 s", "20 min", "2 h", "1 h 30 min", "3 d 4 h"."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s} s"
+    days, rest = divmod(s, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes = rest // 60
+    if days:
+        return f"{days} d {hours} h" if hours else f"{days} d"
+    if hours:
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    return f"{minutes} min"
 
 
 def tally(counts: Mapping[str, int]) -> str:

@@ -106,3 +106,31 @@ def test_a_reservation_reads_in_cores_and_gib_on_the_node_page():
         "1 core",
         "0.5 cores",
     )
+
+
+def test_a_request_as_the_scheduler_was_asked_reads_as_a_person_says_it():
+    """Every decision's and preview's report stores the request in the scheduler's form (vnodes, type, duration):
+    its page said "1 × ()" for all of them."""
+    vm = {"cpu_cores": 1.0, "mem_mib": 2048, "disk_gib": 5}
+    request = {"type": "best_effort", "vnodes": [vm, vm], "duration_s": 1200.0}
+    assert wording.request_words(request) == "best-effort, 2 × (1 core, 2 GiB, 5 GiB disk) for 20 min"
+    mixed = {
+        "type": "advance_reservation",
+        "vnodes": [vm, {"cpu_cores": 4.0, "mem_mib": 8192}],
+        "duration_s": 5400,
+    }
+    assert wording.request_words(mixed) == (
+        "advance reservation, 1 × (1 core, 2 GiB, 5 GiB disk) + 1 × (4 cores, 8 GiB) for 1 h 30 min"
+    )
+    assert (
+        wording.request_words({"type": "immediate"}) == "immediate"
+    )  # a request the scheduler could not plan
+
+
+@pytest.mark.parametrize(
+    ("seconds", "said"),
+    [(45, "45 s"), (60, "1 min"), (1200, "20 min"), (7200, "2 h"), (5400, "1 h 30 min"), (86400, "1 d"),
+     (273600, "3 d 4 h")],
+)  # fmt: skip
+def test_a_duration_reads_in_the_largest_units_that_fit(seconds, said):
+    assert wording.span(seconds) == said

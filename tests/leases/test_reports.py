@@ -9,6 +9,7 @@ from datetime import timedelta
 
 import numpy as np
 import pytest
+from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from fleet import reports
@@ -351,3 +352,14 @@ def test_a_whole_fleet_reports_rows_read_every_name_in_one_plain_query_and_a_del
         rows = report.rows
     assert len(queries) == 1 and " IN (" not in queries[0]["sql"]
     assert {r["node"] for r in rows} == {n.name for n in nodes} | {f"node {gone_id}"}
+
+
+def test_a_decisions_report_page_says_the_request_as_it_was_asked(operator, client, fleet):
+    """The console's report page words the stored request; a decision's is in the scheduler's form, which it
+    showed as "1 × ()" before."""
+    response = submit(operator, duration_s=1200, nodes=[vm(cores=2, mem=4096), vm(cores=2, mem=4096)])
+    report = PlacementReport.objects.get(subject=f"lease:{response.json()['id']}")
+    client.force_login(get_user_model().objects.get(username="otto"))  # the operator's own account, signed in
+    page = client.get(f"/placement/{report.pk}/")
+    assert page.status_code == 200
+    assert "request: best-effort, 2 × (2 cores, 4 GiB) for 20 min" in page.content.decode()
