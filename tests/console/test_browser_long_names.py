@@ -18,6 +18,8 @@ from tests.console.test_browser_a11y import sign_in, wait_live
 pytestmark = live.BROWSER_TEST
 
 LONG = "a" + "0" * 99
+# Everyday names, which must never break inside a word (they did once long names could break anywhere).
+SHORT = ("edge-cam-01", "batch-runner-02")  # besides the live fleet's tank, architect and morpheus
 
 ADD_NODE = """
 from django.utils import timezone
@@ -31,7 +33,8 @@ actions.do_register_node(None, name=%r, cpu_cores=4, mem_total_mib=8192, disk_to
 def console(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("long-names")
     server = live.start(workdir)
-    live.shell(workdir, ADD_NODE % LONG)
+    for name in (LONG, *SHORT):
+        live.shell(workdir, ADD_NODE % name)
     yield server
     live.stop(server.process)
 
@@ -85,3 +88,15 @@ def test_no_page_scrolls_sideways_for_a_long_node_name(browser, console):
                 assert name["height"] > 1.5 * short["height"], (name, short)
             wide, view = page.evaluate("() => [document.documentElement.scrollWidth, window.innerWidth]")
             assert wide <= view, (path, wide, view)
+
+
+def test_everyday_names_in_a_crowded_table_stay_on_one_line(browser, console):
+    """A name may break anywhere only when it is longer than its column can be: the name columns keep room for an
+    everyday name (8rem), so "morpheus" is not drawn as "morpheu" over "s" when the figures beside it are wide."""
+    with opened(browser, console, "/") as page:
+        page.set_viewport_size({"width": 900, "height": 900})  # the figures take the room, as on a busy board
+        for name in ("morpheus", *SHORT):
+            link = page.locator(f'tr[data-node="{name}"] td.node-name a')
+            lines = link.evaluate("a => a.getClientRects().length")
+            box = link.bounding_box()
+            assert lines == 1 and box["height"] < 25, (name, lines, box)
