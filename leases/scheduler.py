@@ -80,8 +80,10 @@ class Scheduler(Explaining):
     def submit(
         self, req: LeaseRequest, now: float, excluded: Mapping[int, str] | None = None, *, defer: bool = False
     ) -> Decision:
-        """Take a new request at `now`. ARs and IMs are decided at once; a best-effort lease is queued and the
-        queue is processed (unless `defer`, which replay uses to hand in every request of an instant first)."""
+        """Take a new request at `now`. ARs and IMs are decided at once; a best-effort lease is queued. The queue
+        is then processed, unless `defer`: replay and the plan applier's group commit hand in every request of an
+        instant first, the ARs and IMs decided as they come, then run the queue once (`run_queue`), as Haizea's
+        scheduling pass does (SEMANTICS.md §3.2)."""
         if req.id in self.leases:
             raise ValueError(f"lease {req.id} already exists")
         self._use_exclusions(excluded)
@@ -96,7 +98,7 @@ class Scheduler(Explaining):
             return Decision(False, req.id, rec.state, refusal)
         if req.type == BEST_EFFORT:
             return self._submit_best_effort(rec, now, defer)
-        return self._submit_fixed(rec, now)
+        return self._submit_fixed(rec, now, defer)
 
     def run_queue(self, now: float) -> None:
         """Process the queue once after a batch of `submit(..., defer=True)` calls (the plan applier's group
@@ -307,7 +309,7 @@ class Scheduler(Explaining):
             self._run_events(now)
         return Decision(True, rec.request.id, rec.state, self._placement_message(rec))
 
-    def _submit_fixed(self, rec: LeaseRecord, now: float) -> Decision:
+    def _submit_fixed(self, rec: LeaseRecord, now: float, defer: bool) -> Decision:
         req = rec.request
         if req.type == ADVANCE_RESERVATION:
             start, vm_end = self._ar_window(req, now)
@@ -322,8 +324,9 @@ class Scheduler(Explaining):
         for victim in plan.preempt:
             self._preempt(self.leases[victim], start, now)
         self._commit(rec, plan, now)
-        self._process_queue(now)
-        self._run_events(now)
+        if not defer:
+            self._process_queue(now)
+            self._run_events(now)
         return Decision(True, req.id, rec.state, self._placement_message(rec))
 
     def _rejection(self, req: LeaseRequest, start: float, end: float) -> str:

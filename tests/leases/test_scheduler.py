@@ -231,6 +231,26 @@ def test_an_immediate_lease_runs_its_whole_duration_now_or_is_rejected(duration,
         assert s.leases[1].reservations == []
 
 
+def test_requests_handed_in_together_decide_every_immediate_lease_before_the_queue_runs():
+    """SEMANTICS.md §3.2: the requests of one instant (a replay step, a group-commit pass) decide their ARs and
+    IMs first and run the queue once after them. Running it after each accepted IM let a best-effort lease handed
+    in earlier take the room a later IM of the same instant needed, and cost a queue pass per fixed lease."""
+    s = make(2)
+    first = s.submit(be(1, 0, 600), 0, defer=True)
+    im_a = s.submit(im(2, 0, 600), 0, defer=True)
+    im_b = s.submit(im(3, 0, 600), 0, defer=True)
+    assert (first.state, im_a.accepted, im_b.accepted) == (LeaseState.QUEUED, True, True)
+    assert s.leases[1].state == LeaseState.QUEUED  # not yet: the queue has not run
+    s.run_queue(0)
+    assert [s.leases[i].state for i in (2, 3)] == [LeaseState.ACTIVE, LeaseState.ACTIVE]
+    assert [start for start, _, _ in live(s, 1)] == [600]  # after the IMs, not now
+    # Without `defer`, an accepted IM runs the queue at once, as before.
+    s = make(2)
+    s.submit(be(1, 0, 600), 0, defer=True)
+    s.submit(im(2, 0, 600), 0)
+    assert [s.leases[i].state for i in (1, 2)] == [LeaseState.ACTIVE, LeaseState.ACTIVE]
+
+
 # -- node exclusions -------------------------------------------------------------------------------------
 
 
