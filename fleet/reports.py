@@ -140,7 +140,7 @@ def encode(
         "end": end,
         "summary": summary,
         "counts": counts,
-        "node": _steps(cols.node),
+        "node": _node_steps(cols.node),
         "holds": _runs(holds),
         "code": _runs(code),
         "codes": codes,
@@ -154,10 +154,11 @@ def encode(
     }
     # Exclusion sentences are few and repeated ("lacks accel.gpu" on most of a fleet): each stored once, in the
     # order they first appear.
-    texts, note = _used(np.asarray(cols.note, dtype=np.int64), cols.texts, sort=False)
-    if texts:
-        blob["texts"] = texts
-        blob["note"] = _runs(note)
+    if cols.texts:  # none at all in most reports: nothing to renumber
+        texts, note = _used(np.asarray(cols.note, dtype=np.int64), cols.texts, sort=False)
+        if texts:
+            blob["texts"] = texts
+            blob["note"] = _runs(note)
     if headroom is not None:
         blob["headroom"] = list(headroom)
     return blob
@@ -212,6 +213,23 @@ def _steps(values: IntColumn) -> list[int] | dict[str, list[int]]:
     if starts is None:
         return a.tolist()
     return {"steps": _pairs(a[starts], starts, len(a))}
+
+
+# The last node column packed, with its packing: every report of a planning pass lists the same fleet, as the
+# same read-only column (the slot table's). One tuple, swapped whole, so threads never see half of one.
+_last_steps: tuple[Any, Any] = (None, None)
+
+
+def _node_steps(values: IntColumn) -> list[int] | dict[str, list[int]]:
+    """`_steps` of a report's node column, kept for the last read-only column packed; a copy each time."""
+    global _last_steps
+    if not (isinstance(values, np.ndarray) and not values.flags.writeable):
+        return _steps(values)
+    kept, packed = _last_steps
+    if kept is not values:
+        packed = _steps(values)
+        _last_steps = (values, packed)
+    return {"steps": list(packed["steps"])} if isinstance(packed, dict) else list(packed)
 
 
 def _run_starts(a: npt.NDArray[np.int64]) -> npt.NDArray[np.intp] | None:

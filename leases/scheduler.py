@@ -86,7 +86,7 @@ class Scheduler(Explaining):
         scheduling pass does (SEMANTICS.md §3.2)."""
         if req.id in self.leases:
             raise ValueError(f"lease {req.id} already exists")
-        self._use_exclusions(excluded)
+        self.use_exclusions(excluded)
         self._now = max(self._now, now)
         self._run_events(now)
         rec = LeaseRecord(request=req)
@@ -128,7 +128,7 @@ class Scheduler(Explaining):
         self, now: float, excluded: Mapping[int, str] | None = None, *, run_queue: bool = True
     ) -> None:
         """Apply every reservation start/end and early end at or before `now`, in time order, then the queue."""
-        self._use_exclusions(excluded)
+        self.use_exclusions(excluded)
         if now > self._now:
             # Answers about instants still ahead stay valid (a change drops the touched nodes' entries);
             # nothing is ever asked about an instant before now again.

@@ -694,7 +694,7 @@ def _prepare(sched: Scheduler, plan: Planning) -> None:
     now-gate's figures observed. The exclusions first: a cancel or an approval runs the queue without handing them
     over itself, and a scheduler rebuilt after a fleet change had none, so the queue placed leases on a node that
     had never sent a heartbeat (tests/leases/test_exclusions_every_pass.py)."""
-    sched._use_exclusions(plan.excluded)
+    sched.use_exclusions(plan.excluded)
     sched.settle(plan.t)
     sched.replaced = []  # set again by this pass's advance(), if it runs one
     _observe(sched, plan)

@@ -170,7 +170,10 @@ class PlanBook:
             self._journal(now, r, "reservation_changed")
         return bool(moved)
 
-    def _use_exclusions(self, excluded: Mapping[int, str] | None) -> None:
+    def use_exclusions(self, excluded: Mapping[int, str] | None) -> None:
+        """The nodes nothing may be placed on from now (node id -> "code: sentence"), until the next call: every
+        planning entry point (a submission, `advance`, a cancel's queue run) plans with the exclusions last
+        handed in, so whoever runs a pass hands in its own first (leases/store.py, `_prepare`)."""
         # The room counts are sums over the usable nodes: a different set of exclusions makes them wrong.
         if (excluded or {}) != self._excluded:
             self._room.clear()

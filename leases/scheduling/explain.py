@@ -251,7 +251,7 @@ class Explaining(EventLoop):
     def propose(self, req: LeaseRequest, start: float, end: float, excluded: Mapping[int, str]) -> list[int]:
         """A dry run: the nodes the mapper would choose for `req` over [start, end) as the plan stands, in its
         order (empty when it fits nowhere). Nothing changes; `req.id` must not be a lease's."""
-        self._use_exclusions(excluded)
+        self.use_exclusions(excluded)
         try:
             found = self._map(self.table, req, start, end, True, None)
         finally:

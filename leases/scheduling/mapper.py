@@ -6,7 +6,6 @@ PURE: no Django.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence, Set
@@ -373,29 +372,50 @@ class HostOrder:
 
     def __init__(self, mapper: Mapper, req: LeaseRequest, start: float, duration: float) -> None:
         self._mapper, self._req, self._start, self._duration = mapper, req, start, duration
+        # The order handed out so far: the idle nodes that lead it (all found at once, on the first ask), then
+        # the rest as `_rest` yields them.
         self._given: list[int] = []
+        self._leading: list[int] | None = None
         self._lead: set[int] = set()
-        self._leading = self._idle()
-        self._source = itertools.chain(self._leading, self._rest())
+        self._rest_of: Iterator[int] | None = None
 
     def tried(self) -> list[int]:
         """The nodes handed out so far, and the rest of the idle ones that lead the order (found without scoring
         anything): all of the order a report can rank without doing the mapper's work again."""
-        self._given.extend(self._leading)
+        lead = self._lead_nodes()
+        if len(self._given) < len(lead):  # still among the leading nodes: the rest of them, as a slice
+            self._given.extend(lead[len(self._given) :])
         return list(self._given)
 
     def __iter__(self) -> Iterator[int]:
         i = 0
         while True:
-            if i == len(self._given):
-                node = next(self._source, None)
-                if node is None:
-                    return
-                self._given.append(node)
+            if i == len(self._given) and not self._hand_out():
+                return
             yield self._given[i]
             i += 1
 
-    def _idle(self) -> Iterator[int]:
+    def _hand_out(self) -> bool:
+        """One more node of the order onto `_given`; False when there are no more."""
+        lead = self._lead_nodes()
+        if len(self._given) < len(lead):
+            self._given.append(lead[len(self._given)])
+            return True
+        if self._rest_of is None:
+            self._rest_of = self._rest()
+        node = next(self._rest_of, None)
+        if node is None:
+            return False
+        self._given.append(node)
+        return True
+
+    def _lead_nodes(self) -> list[int]:
+        if self._leading is None:
+            self._leading = self._idle()
+            self._lead.update(self._leading)  # read by _rest only, which runs once these are all handed out
+        return self._leading
+
+    def _idle(self) -> list[int]:
         m, req, start, duration = self._mapper, self._req, self._start, self._duration
         arrays = m.table.arrays()
         smallest = m._smallest_of(req)
@@ -412,8 +432,7 @@ class HostOrder:
         lead = nodes.tolist()
         if smallest.net_in or smallest.net_out:  # the dimensions the columns leave out, when asked for at all
             lead = [node for node in lead if smallest.fits_in(m._capacity[node])]
-        self._lead.update(lead)  # read by _rest only, which runs once these are all handed out
-        yield from lead
+        return lead
 
     def _rest(self) -> Iterator[int]:
         m, req, start, duration = self._mapper, self._req, self._start, self._duration

@@ -57,7 +57,8 @@ class NodeArrays:
     _owner: IntArray  # the node of each slot
 
     def __init__(self, nodes: Sequence[int], caps: Mapping[int, Vec], lines: Mapping[int, Line]) -> None:
-        self.nodes = np.asarray(nodes, dtype=np.int64)
+        self.nodes = np.array(nodes, dtype=np.int64)
+        self.nodes.setflags(write=False)  # handed to every report as its node column (fleet/reports.py)
         self.pos = {n: i for i, n in enumerate(nodes)}
         self.caps: IntArray = np.array([caps[n][:DIMS] for n in nodes], dtype=np.int64).reshape(-1, DIMS)
         # over()'s answers per window until the next write: a pass's reports (one per decision, built after

@@ -3,9 +3,11 @@ for field and in the same order, and each distinct sentence written once. No dat
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from unittest.mock import patch
 
+import numpy as np
 import orjson
 import pytest
 
@@ -93,3 +95,27 @@ def test_a_node_busy_now_says_what_is_free_once(dim, said):
     # Seen on the demo's board: "2 cores of cores free now".
     figures = {"cpu": (400, 200, 1600), "mem": (4096, 782, 16384)}[dim]
     assert reports.sentence("at_capacity", dim, *figures, (), (None, None)) == said
+
+
+def test_columns_of_read_only_fleets_pack_their_own_node_ids_every_time():
+    """A pass's reports share the slot table's read-only node column, whose packing is kept between reports:
+    another fleet's column (or the same ids in a new object) is packed afresh, and a caller changing one stored
+    report changes no other."""
+    rng = random.Random(7)
+
+    def columns(nodes: list[int]) -> reports.Columns:
+        cols = reports.Columns.of(random_verdicts(rng, len(nodes)))
+        ids = np.array(nodes, dtype=np.int64)
+        ids.setflags(write=False)
+        return dataclasses.replace(cols, node=ids)
+
+    contiguous, gappy = list(range(1, 301)), [*range(1, 101), *range(500, 700)]  # as many nodes each
+    fleet = columns(contiguous)
+    first = reports.encode(fleet, start=None, end=None, summary="s")
+    first["node"]["steps"] += [900, 2]  # a caller's change stays in its own report
+    assert reports.node_ids(reports.encode(fleet, start=None, end=None, summary="s")) == contiguous
+    other = reports.encode(columns(gappy), start=None, end=None, summary="s")
+    assert reports.node_ids(other) == gappy
+    assert (
+        reports.node_ids(reports.encode(columns(contiguous), start=None, end=None, summary="s")) == contiguous
+    )

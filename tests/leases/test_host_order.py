@@ -48,7 +48,7 @@ def test_the_lazy_order_equals_the_full_sort_on_random_plans(seed):
     rng = random.Random(seed)
     s = random_plan(rng, rng.choice([12, 40]))
     nodes = list(s.table.nodes)
-    s._use_exclusions({n: "draining" for n in rng.sample(nodes, 2)})
+    s.use_exclusions({n: "draining" for n in rng.sample(nodes, 2)})
     lazy_seen = 0
     for k in range(25):
         req = LeaseRequest(
@@ -223,7 +223,7 @@ def test_the_rest_of_a_lazy_order_is_the_sorted_order_with_exclusions_barred_nod
     rng = random.Random(seed)
     s = random_plan(rng, rng.choice([12, 40]))
     nodes = list(s.table.nodes)
-    s._use_exclusions({n: "draining" for n in rng.sample(nodes, 2)})
+    s.use_exclusions({n: "draining" for n in rng.sample(nodes, 2)})
     used = 0
     for k in range(40):
         start = rng.choice([3000.0, 3000.0, 3600.5])
@@ -258,7 +258,7 @@ def test_the_score_columns_order_nodes_as_scoring_each_node_does_while_the_plan_
     rng = random.Random(seed)
     s = random_plan(rng, rng.choice([12, 40]))
     nodes = list(s.table.nodes)
-    s._use_exclusions({n: "draining" for n in rng.sample(nodes, 2)})
+    s.use_exclusions({n: "draining" for n in rng.sample(nodes, 2)})
     built = 0
     for k in range(40):
         start = rng.choice([3000.0, 3000.0, 3000.0, 3600.5])  # one shared `now`, as a batch of approvals has

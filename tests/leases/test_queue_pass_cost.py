@@ -53,9 +53,9 @@ def test_a_pass_with_every_node_excluded_tries_no_queued_lease(monkeypatch):
 
 def test_the_usable_nodes_are_listed_once_per_set_of_exclusions():
     s = busy()
-    s._use_exclusions({2: "draining"})
+    s.use_exclusions({2: "draining"})
     first = s._usable_nodes()
     assert list(first) == [1, 3, 4, 5, 6]
     assert s._usable_nodes() is first
-    s._use_exclusions({2: "draining", 4: "dead"})
+    s.use_exclusions({2: "draining", 4: "dead"})
     assert list(s._usable_nodes()) == [1, 3, 5, 6]
