@@ -423,7 +423,7 @@ class HostOrder:
         # memory, disk), both over the whole fleet at once: a report lists every such node, and testing each one
         # in Python was about 7 % of a submission's CPU in a burst on an empty fleet (docs/BENCHMARKS.md, "Lease
         # requests over HTTP: one hand-off per request", in the pass).
-        idle = ~arrays.peak_over(start, start + duration).any(axis=1)
+        idle = arrays.busy_from(start) >= start + duration
         idle &= (arrays.caps >= np.array((smallest.cpu, smallest.mem, smallest.disk), np.int64)).all(axis=1)
         skipped = m._ruled_out(req)
         nodes = arrays.nodes[idle]

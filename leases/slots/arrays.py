@@ -11,6 +11,7 @@ PURE: no Django.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -28,6 +29,7 @@ SPARE_SLOTS = 2  # at least 1: a node's last segment ends at the spare slot's ti
 SPARE_SHARE = 16
 GROWN_SHARE = 4
 WINDOWS = 32  # windows whose over() answers are kept between writes
+BUSY_KEPT = 4  # instants whose busy_from() columns are kept current across writes
 
 # Usage levels: cores in hundredths, memory in MiB, disk in GiB; a node's capacity is far below 2**31 of each.
 LEVEL = np.int32
@@ -68,6 +70,8 @@ class NodeArrays:
         # the next write, as over()'s are (a pass's reports derive every node's verdicts for the same few shapes
         # and windows again and again: leases/scheduling/explain.py).
         self.derived: dict[Hashable, object] = {}
+        # busy_from()'s columns per instant, the least recently asked first: rewritten row by row at each write.
+        self._busy: dict[float, FloatArray] = {}
         self._layout([_columns(lines[n]) for n in nodes])
 
     def refresh(self, lines: Mapping[int, Line], dirty: Iterable[int]) -> None:
@@ -86,6 +90,9 @@ class NodeArrays:
             self.times[a + n : b] = np.inf
             self.levels[a + n : b] = 0
             self.sizes[i] = n
+        for t, column in self._busy.items():
+            for i in changed:
+                column[i] = self._busy_row(i, t)
 
     def _grow(self, sizes: Mapping[int, int]) -> None:
         """Spare slots inserted after each node whose line of `sizes[i]` breakpoints would leave it none: one
@@ -128,6 +135,44 @@ class NodeArrays:
         self.times = np.full(total, np.inf)
         self.levels = np.zeros((total, DIMS), dtype=LEVEL)
         self._owner = np.repeat(np.arange(len(slots)), slots)
+
+    def busy_from(self, t: float) -> FloatArray:
+        """Per node, the first instant at or after t at which it uses anything (inf: never). A node is idle over
+        [t, end) exactly when its figure is at least `end`, for any end, so the mapper's idle nodes for each
+        duration a pass asks are one comparison, not a gather over every slot after every write
+        (`~peak_over(t, end).any(axis=1)`, which it equals: tests/leases/test_host_order.py). Kept per instant
+        and rewritten only for the rows a write changes; read-only for the caller."""
+        got = self._busy.pop(t, None)
+        if got is None:
+            got = self._busy_all(t)
+            if len(self._busy) >= BUSY_KEPT:
+                del self._busy[next(iter(self._busy))]
+        self._busy[t] = got  # the most recently asked last
+        view = got.view()
+        view.setflags(write=False)
+        return view
+
+    def _busy_all(self, t: float) -> FloatArray:
+        out = np.full(len(self.sizes), np.inf)
+        times = self.times
+        mask = np.zeros(len(times), dtype=bool)
+        if len(times) > 1:  # a segment using something that ends after t (a spare slot uses nothing)
+            np.logical_and(self.levels[:-1].any(axis=1), times[1:] > t, out=mask[:-1])
+        picked = np.flatnonzero(mask)
+        if len(picked):
+            owners = self._owner[picked]
+            first = np.flatnonzero(np.concatenate(([True], owners[1:] != owners[:-1])))
+            out[owners[first]] = np.maximum(times[picked[first]], t)
+        return out
+
+    def _busy_row(self, i: int, t: float) -> float:
+        a, n = int(self.off[i]), int(self.sizes[i])
+        if not n:
+            return math.inf
+        times = self.times[a : a + n + 1]  # the slot after the last breakpoint (spare) ends its segment
+        busy = self.levels[a : a + n].any(axis=1) & (times[1:] > t)
+        k = int(busy.argmax())
+        return max(float(times[k]), t) if busy[k] else math.inf
 
     def peak_over(self, start: float, end: float) -> LevelArray:
         """Per node and dimension, the highest usage at any instant of [start, end) (end > start): what

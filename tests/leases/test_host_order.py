@@ -322,3 +322,29 @@ def test_the_idle_nodes_leading_the_order_are_those_large_enough_in_every_dimens
         order = HostOrder(s, req, 0, 600)
         assert order.tried() == leading, vm
         assert list(HostOrder(s, req, 0, 600)) == s._sorted_hosts(s.table, req, 0, 600, None), vm
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_first_busy_instant_kept_per_start_says_which_nodes_are_idle_as_the_peak_does(seed):
+    """NodeArrays.busy_from: a node is idle over [t, end) exactly when its first busy instant from t is at least
+    `end`, for every end, at instants on and between reservation edges, while leases are placed and cancelled
+    (the kept columns are rewritten only for the rows a write changes)."""
+    rng = random.Random(seed)
+    s = random_plan(rng, rng.choice([12, 40]))
+    edges = sorted({x for r in s.table.reservations() for x in (r.start, r.end)})
+    instants = [0.0, 3000.0, *rng.sample(edges, 4), *(x + 0.5 for x in rng.sample(edges, 3))]
+    for k in range(30):
+        arrays = s.table.arrays()
+        for t in rng.sample(instants, 5):
+            busy = arrays.busy_from(t)
+            assert not busy.flags.writeable
+            for end in (t + 0.5, t + 60, t + 600, t + 5000, t + 1e6):
+                want = ~arrays.peak_over(t, end).any(axis=1)
+                assert ((busy >= end) == want).all(), (seed, k, t, end)
+        if rng.random() < 0.6:
+            vnodes = tuple(rng.choice(VMS) for _ in range(rng.randint(1, 3)))
+            s.submit(LeaseRequest(50_000 + k, "best_effort", 3000, None, 600, vnodes), 3000)
+        else:
+            placed = [lid for lid, rec in s.leases.items() if rec.state in ("scheduled", "ready", "active")]
+            if placed:
+                s.cancel(rng.choice(placed), 3000)
