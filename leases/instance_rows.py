@@ -18,7 +18,7 @@ from django.db.models import Max
 from leases.lifecycle import LIVE_INSTANCE_STATES, InstanceState, LeaseState, can_instance, instance_id
 from leases.models import Instance, InstanceEvent
 from slotkeeper import events
-from slotkeeper.bulk import insert_many
+from slotkeeper.bulk import Row, insert_many
 
 log = logging.getLogger(__name__)
 _I = InstanceState
@@ -59,9 +59,10 @@ def next_generation(lease_id: int, vnode: int) -> int:
 
 def placed_instance(
     lease_id: int, vnode: int, generation: int, node_id: int, now: datetime, *, replaces=None
-) -> tuple[Instance, InstanceEvent]:
-    """A new instance placed on a node, and its first history row, both unsaved: how every instance starts,
-    whether one is created at a time (a lease starting) or many in one write (a bulk approval)."""
+) -> tuple[Instance, Row]:
+    """A new instance placed on a node, and its first history row (an InstanceEvent as a bulk.Row, its instance
+    set by the caller once the instance has its key), both unsaved: how every instance starts, whether one is
+    created at a time (a lease starting) or many in one write (a bulk approval, a burst's pass)."""
     inst = Instance(
         iid=instance_id(lease_id, vnode, generation),
         lease_id=lease_id,
@@ -74,7 +75,7 @@ def placed_instance(
         state_changed_at=now,
         replaces=replaces,
     )
-    return inst, InstanceEvent(at=now, from_state=_I.REQUESTED, to_state=_I.PLACED, reason="placed")
+    return inst, Row(at=now, from_state=_I.REQUESTED.value, to_state=_I.PLACED.value, reason="placed")
 
 
 def create_instance(lease_id: int, vnode: int, node_id: int, now: datetime, *, replaces=None) -> Instance:
@@ -82,8 +83,8 @@ def create_instance(lease_id: int, vnode: int, node_id: int, now: datetime, *, r
         lease_id, vnode, next_generation(lease_id, vnode), node_id, now, replaces=replaces
     )
     inst.save()
-    first.instance = inst
-    first.save()
+    first.instance_id = inst.pk
+    insert_many([first], model=InstanceEvent)
     events.send_on_commit("instance-changed", instance=inst.iid, lease=lease_id)
     return inst
 
@@ -143,8 +144,8 @@ def sync_many(
     ]
     created = insert_many([inst for inst, _ in pairs])
     for inst, (_, first) in zip(created, pairs, strict=True):
-        first.instance = inst
-    insert_many([first for _, first in pairs])
+        first.instance_id = inst.pk
+    insert_many([first for _, first in pairs], model=InstanceEvent)
     for inst in created:
         events.send_on_commit("instance-changed", instance=inst.iid, lease=inst.lease_id)
 

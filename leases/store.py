@@ -1005,8 +1005,9 @@ def _write_states(changes: list[Change]) -> None:
     current = dict(Lease.objects.filter(pk__in={c.lease_id for c in changes}).values_list("id", "state"))
     history = []
     for change in changes:
+        # Rows, not LeaseEvent instances: a burst's pass writes thousands of steps (bulk.Row).
         history.append(
-            LeaseEvent(
+            Row(
                 lease_id=change.lease_id,
                 at=from_epoch(change.at),
                 from_state=current[change.lease_id],
@@ -1014,7 +1015,7 @@ def _write_states(changes: list[Change]) -> None:
             )
         )
         current[change.lease_id] = str(change.state)
-    insert_many(history)
+    insert_many(history, model=LeaseEvent)
     update_many([Row(pk=pk, state=state) for pk, state in current.items()], ["state"], model=Lease)
 
 

@@ -240,3 +240,24 @@ def test_a_naive_time_and_an_auto_now_time_are_still_prepared(monkeypatch, djang
     (token,) = insert_many([ApiToken(user=user, digest="d" * 64)])
     assert "created_at" in prepared, "auto_now_add sets the time in pre_save"
     assert before <= ApiToken.objects.get(pk=token.pk).created_at <= timezone.now() + timedelta(seconds=1)
+
+
+def test_rows_insert_as_model_instances_would_with_the_defaults_they_leave_out(django_user_model):
+    """insert_many(..., model=M) with Rows (a pass's history rows): each gets its primary key, and a field a row
+    does not set is stored at the model's default, as a model instance would store it."""
+    from leases.models import Lease, LeaseEvent
+
+    now = timezone.now()
+    lease = Lease.objects.create(name="rows", type="best_effort", duration_s=60, vnodes=[{"cpu_cores": 1}],
+        submitted_at=now)  # fmt: skip
+    rows = [Row(lease_id=lease.pk, at=now, from_state="new", to_state=s) for s in ("pending", "queued")]
+    rows[1].message = "with words"
+    assert insert_many(rows, model=LeaseEvent) is rows
+    assert all(isinstance(r.pk, int) for r in rows) and rows[0].pk != rows[1].pk
+    got = {e.pk: e for e in LeaseEvent.objects.filter(lease=lease)}
+    assert [(got[r.pk].to_state, got[r.pk].message, got[r.pk].at) for r in rows] == [
+        ("pending", "", now),
+        ("queued", "with words", now),
+    ]
+    made = insert_many([report(1)])  # model instances, as before
+    assert made[0]._state.adding is False

@@ -29,7 +29,7 @@ from leases.instances.placing import FleetView, blocker, decide_move, move_reque
 from leases.lifecycle import InstanceState, LeaseState, can_instance
 from leases.models import Instance, InstanceEvent
 from slotkeeper import audit, events, metrics
-from slotkeeper.bulk import insert_many, update_many
+from slotkeeper.bulk import Row, insert_many, update_many
 from slotkeeper.domain import DomainError, NotFound, StaleVersion
 
 log = logging.getLogger(__name__)
@@ -110,7 +110,7 @@ class _Batch:
     proposals: list = field(default_factory=list)
     new_instances: list = field(default_factory=list)  # (proposal or None, Instance)
     old_instances: list = field(default_factory=list)
-    history: list = field(default_factory=list)  # (instance, InstanceEvent)
+    history: list = field(default_factory=list)  # (instance, its InstanceEvent as a bulk.Row)
     audits: list = field(default_factory=list)
     generations: dict = field(default_factory=dict)  # (lease, vnode) -> highest generation so far
 
@@ -130,8 +130,8 @@ class _Batch:
             if proposal is not None:
                 proposal.new_instance = inst
         for inst, event in self.history:
-            event.instance = inst
-        insert_many([event for _, event in self.history])
+            event.instance_id = inst.pk
+        insert_many([event for _, event in self.history], model=InstanceEvent)
         if self.old_instances:
             update_many(self.old_instances, ["state", "state_changed_at", "desired_state"])
         if self.proposals:
@@ -154,7 +154,7 @@ class _Batch:
 
     def event(self, inst: Instance, target: InstanceState, reason: str) -> None:
         self.history.append(
-            (inst, InstanceEvent(at=self.now, from_state=inst.state, to_state=target, reason=reason))
+            (inst, Row(at=self.now, from_state=str(inst.state), to_state=str(target), reason=reason))
         )
         inst.state = target
         inst.state_changed_at = self.now
