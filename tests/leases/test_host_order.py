@@ -4,6 +4,7 @@ needed) is exactly the sorted order it replaces, and a whole replay gives the sa
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import random
@@ -348,3 +349,33 @@ def test_the_first_busy_instant_kept_per_start_says_which_nodes_are_idle_as_the_
             placed = [lid for lid, rec in s.leases.items() if rec.state in ("scheduled", "ready", "active")]
             if placed:
                 s.cancel(rng.choice(placed), 3000)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_start_asked_for_the_first_time_is_ordered_as_scoring_every_node_orders_it(seed, monkeypatch):
+    """HostOrder's rest at a start no score columns are kept for yet (an advance reservation's own start) is
+    exactly the per-node score's order, ties in node order, however much of it is taken."""
+    rng = random.Random(seed)
+    s = random_plan(rng, rng.choice([12, 40]))
+    nodes = list(s.table.nodes)
+    s.use_exclusions({n: "draining" for n in rng.sample(nodes, 2)})
+    edges = sorted({x for r in s.table.reservations() for x in (r.start, r.end)})
+    for k in range(30):
+        start = rng.choice([*edges, *(x + 0.5 for x in edges), 3000.0 + k])  # most asked for the first time
+        req = LeaseRequest(
+            60_000 + k,
+            "advance_reservation",
+            0,
+            start,
+            rng.choice([60.0, 600.0, 5000.0]),
+            tuple(rng.choice(VMS) for _ in range(rng.randint(1, 3))),
+            barred=tuple((n, "missing_capability: x") for n in rng.sample(nodes, rng.randint(0, 2))),
+        )
+        s._summaries.clear()
+        s._asked_at.clear()
+        taken = rng.choice([1, 3, len(nodes)])
+        lazy = list(itertools.islice(HostOrder(s, req, start, req.duration), taken))
+        with monkeypatch.context() as m:
+            m.setattr(mapper.Mapper, "_summary_columns", lambda self, start: None)
+            full = s._sorted_hosts(s.table, req, start, req.duration, None)
+        assert lazy == full[:taken], (seed, k, start)
