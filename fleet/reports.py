@@ -146,8 +146,8 @@ def encode(
         "codes": codes,
         "dim": _runs(dim),
         "need": _per_dim(dim, need) or need.tolist(),
-        "free": _plain(cols.free),
-        "alloc": _plain(cols.allocatable),
+        "free": _runs(cols.free),
+        "alloc": _runs(cols.allocatable),
         "rank": _runs(cols.rank),
         "chosen": cols.chosen,
         "blockers": {str(n): list(b[:BLOCKERS_NAMED]) for n, b in cols.blockers.items() if b},
@@ -192,9 +192,11 @@ def _per_dim(dim: npt.NDArray[np.int64], need: npt.NDArray[np.int64]) -> dict[st
 
 
 # Columns that may be stored packed: runs of one value (most nodes fit, or share a code, a dimension, no note,
-# no rank) and steps of consecutive node ids. Packing halves a 1,000-node report's JSON, and so the time to write
-# it.
-_PACKED = ("node", "holds", "code", "dim", "note", "rank")
+# no rank, the same allocatable figure on a fleet of one size, nothing free on a full one) and steps of
+# consecutive node ids. Packing halves a 1,000-node report's JSON, and so the time to write it. `free` and `alloc`
+# were plain lists in older reports, which read back as they are; packed, a placed lease's report on a fleet of
+# one node size is half as long (its allocatable column was half of it).
+_PACKED = ("node", "holds", "code", "dim", "note", "rank", "free", "alloc")
 
 
 def _runs(values: IntColumn) -> list[int] | dict[str, list[int]]:

@@ -119,3 +119,19 @@ def test_columns_of_read_only_fleets_pack_their_own_node_ids_every_time():
     assert (
         reports.node_ids(reports.encode(columns(contiguous), start=None, end=None, summary="s")) == contiguous
     )
+
+
+def test_free_and_allocatable_figures_are_packed_when_they_repeat_and_older_lists_read_back_the_same():
+    """A fleet of one node size shows one allocatable figure per dimension: stored as runs, not 1,000 numbers
+    (half of a placed lease's report). Reports stored before, with both columns as plain lists, read the same."""
+    verdicts = [
+        Verdict(node=n, holds=2 if n > 600 else 0, code=None if n > 600 else "reserved", dim="mem",
+            need=8192, free=16384 if n > 600 else 0, allocatable=118784, rank=None, chosen=False)
+        for n in range(1, 1001)
+    ]  # fmt: skip
+    stored = orjson.loads(orjson.dumps(reports.encode(verdicts, start=None, end=None, summary="s")))
+    assert stored["alloc"] == {"runs": [118784, 1000]}
+    assert stored["free"] == {"runs": [0, 600, 16384, 400]}  # the 600 full nodes, then the rest
+    names = {n: f"n{n}" for n in range(1, 1001)}
+    before = dict(stored, free=[v.free for v in verdicts], alloc=[v.allocatable for v in verdicts])
+    assert reports.decode(stored, names) == reports.decode(before, names) == reference_decode(before, names)
