@@ -206,6 +206,7 @@ class CacheStats:
 cache_stats = CacheStats()
 
 
+@lru_cache(maxsize=4096)  # a pass's messages and reports name the same few instants thousands of times
 def live_label(t: float) -> str:
     """A time in the live service's messages: the date as well, so a reservation next week does not read as
     "00:00–00:00" (UTC; the console shows times in the reader's zone)."""

@@ -20,6 +20,7 @@ from leases.scheduling.book import PlanBook
 from leases.scheduling.records import (
     LeaseRequest,
 )
+from leases.slots.arrays import NodeArrays
 from leases.slottable import Res, SlotTable
 
 ONE_CPU = Res(cpu=1)
@@ -29,6 +30,9 @@ _NONE: dict = {}  # read-only: no extra use, no group members (no dict built per
 LAZY_NODES = 256
 # Score columns (Summaries) kept per start, the least recently used dropped first.
 SUMMARIES = 4
+# Answers kept on the slot table's columns between writes (NodeArrays.derived) past which the idle nodes' lists
+# clear them all.
+IDLE_KEPT = 256
 
 
 class Mapper(PlanBook):
@@ -419,6 +423,22 @@ class HostOrder:
         m, req, start, duration = self._mapper, self._req, self._start, self._duration
         arrays = m.table.arrays()
         smallest = m._smallest_of(req)
+        # Kept on the columns until the next write, for the exclusions in force (by identity and size, as
+        # Mapper._usable_nodes keeps its list): a pass's reports, written against a table that no longer changes,
+        # ask for the same few (start, duration, smallest vnode) hundreds of times. Read-only for the caller.
+        excluded = m._excluded
+        key = ("idle", start, duration, smallest, m._barred_of(req) if req.barred else None)
+        kept = arrays.derived.get(key)
+        if isinstance(kept, tuple) and kept[0] is excluded and kept[1] == len(excluded):
+            return kept[2]
+        lead = self._idle_nodes(arrays, smallest)
+        if len(arrays.derived) >= IDLE_KEPT:  # a quiet table asked about at every new `now` (previews)
+            arrays.derived.clear()
+        arrays.derived[key] = (excluded, len(excluded), lead)
+        return lead
+
+    def _idle_nodes(self, arrays: NodeArrays, smallest: Res) -> list[int]:
+        m, req, start, duration = self._mapper, self._req, self._start, self._duration
         # Idle over the window and, empty, large enough for the smallest vnode in the columns' dimensions (cpu,
         # memory, disk), both over the whole fleet at once: a report lists every such node, and testing each one
         # in Python was about 7 % of a submission's CPU in a burst on an empty fleet (docs/BENCHMARKS.md, "Lease

@@ -379,3 +379,19 @@ def test_a_start_asked_for_the_first_time_is_ordered_as_scoring_every_node_order
             m.setattr(mapper.Mapper, "_summary_columns", lambda self, start: None)
             full = s._sorted_hosts(s.table, req, start, req.duration, None)
         assert lazy == full[:taken], (seed, k, start)
+
+
+def test_the_idle_nodes_kept_between_writes_follow_a_write_and_a_change_of_exclusions():
+    s = Scheduler({n: Res(100, 1024, 10, 0, 0) for n in range(1, 7)}, SchedulerConfig())
+    req = LeaseRequest(1, "best_effort", 0, None, 600, (Res(50, 512),))
+    assert HostOrder(s, req, 0, 600).tried() == [1, 2, 3, 4, 5, 6]
+    cordoned = {2: "draining: an operator cordoned this node"}
+    s.use_exclusions(cordoned)
+    assert HostOrder(s, req, 0, 600).tried() == [1, 3, 4, 5, 6]
+    s.submit(LeaseRequest(2, "best_effort", 0, None, 600, (Res(50, 512),)), 0, cordoned)  # on node 1
+    assert HostOrder(s, req, 0, 600).tried() == [3, 4, 5, 6]
+    barred = replace(req, id=3, barred=((4, "missing_capability: lacks accel.gpu"),))
+    assert HostOrder(s, barred, 0, 600).tried() == [3, 5, 6]
+    assert HostOrder(s, req, 0, 600).tried() == [3, 4, 5, 6]
+    s.use_exclusions({})
+    assert HostOrder(s, req, 0, 600).tried() == [2, 3, 4, 5, 6]
