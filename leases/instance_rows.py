@@ -63,19 +63,26 @@ def placed_instance(
     """A new instance placed on a node, and its first history row (an InstanceEvent as a bulk.Row, its instance
     set by the caller once the instance has its key), both unsaved: how every instance starts, whether one is
     created at a time (a lease starting) or many in one write (a bulk approval, a burst's pass)."""
-    inst = Instance(
-        iid=instance_id(lease_id, vnode, generation),
-        lease_id=lease_id,
-        vnode=vnode,
-        generation=generation,
-        node_id=node_id,
-        state=_I.PLACED,
-        desired_state="running",
-        created_at=now,
-        state_changed_at=now,
-        replaces=replaces,
-    )
-    return inst, Row(at=now, from_state=_I.REQUESTED.value, to_state=_I.PLACED.value, reason="placed")
+    inst = Instance(**_instance_fields(lease_id, vnode, generation, node_id, now), replaces=replaces)
+    return inst, Row(**_first_event(now))
+
+
+def _instance_fields(lease_id: int, vnode: int, generation: int, node_id: int, now: datetime) -> dict:
+    return {
+        "iid": instance_id(lease_id, vnode, generation),
+        "lease_id": lease_id,
+        "vnode": vnode,
+        "generation": generation,
+        "node_id": node_id,
+        "state": _I.PLACED.value,
+        "desired_state": "running",
+        "created_at": now,
+        "state_changed_at": now,
+    }
+
+
+def _first_event(now: datetime) -> dict:
+    return {"at": now, "from_state": _I.REQUESTED.value, "to_state": _I.PLACED.value, "reason": "placed"}
 
 
 def create_instance(lease_id: int, vnode: int, node_id: int, now: datetime, *, replaces=None) -> Instance:
@@ -138,14 +145,16 @@ def sync_many(
         .values("lease_id", "vnode")
         .annotate(g=Max("generation"))
     }
-    pairs = [
-        placed_instance(lease_id, vnode, top.get((lease_id, vnode), -1) + 1, node_id, now)
-        for lease_id, vnode, node_id in fresh
-    ]
-    created = insert_many([inst for inst, _ in pairs])
-    for inst, (_, first) in zip(created, pairs, strict=True):
-        first.instance_id = inst.pk
-    insert_many([first for _, first in pairs], model=InstanceEvent)
+    # Rows of what placed_instance builds, not model instances: only inserted, thousands in a burst's pass.
+    created = insert_many(
+        [
+            Row(**_instance_fields(lease_id, vnode, top.get((lease_id, vnode), -1) + 1, node_id, now))
+            for lease_id, vnode, node_id in fresh
+        ],
+        model=Instance,
+    )
+    firsts = [Row(instance_id=inst.pk, **_first_event(now)) for inst in created]
+    insert_many(firsts, model=InstanceEvent)
     for inst in created:
         events.send_on_commit("instance-changed", instance=inst.iid, lease=inst.lease_id)
 

@@ -1034,8 +1034,10 @@ def _reservation_fields(r: ReservationRecord) -> dict:
 
 def _write_reservations(sched: Scheduler, latest: dict[int, ReservationRecord]) -> None:
     existing = {row.rid: row for row in Reservation.objects.filter(rid__in=latest)}
+    # Rows, not model instances, for what is only inserted (bulk.Row): a burst's pass creates thousands.
     created = insert_many(
-        [Reservation(rid=rid, **_reservation_fields(r)) for rid, r in latest.items() if rid not in existing]
+        [Row(rid=rid, **_reservation_fields(r)) for rid, r in latest.items() if rid not in existing],
+        model=Reservation,
     )
     changed = []
     for rid, row in existing.items():
@@ -1066,13 +1068,14 @@ def _write_reservations(sched: Scheduler, latest: dict[int, ReservationRecord]) 
     if stale:
         update_many(stale, ["start", "end", "live"])
     if fresh:
-        insert_many(fresh)
+        insert_many(fresh, model=Allocation)
 
 
-def _allocations(sched: Scheduler, r: ReservationRecord, row: Reservation) -> list[Allocation]:
+def _allocations(sched: Scheduler, r: ReservationRecord, row: Reservation | Row) -> list[Row]:
+    """A reservation's per-node rows, as bulk.Rows of Allocation."""
     live = r.status in LIVE_RESERVATION_STATUSES
     return [
-        Allocation(
+        Row(
             reservation_id=row.pk,
             node_id=node_id,
             start=row.start,
