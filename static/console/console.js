@@ -59,7 +59,14 @@
   }
 
   function connect() {
-    if (!document.querySelector("[data-live]")) return;
+    if (!document.querySelector("[data-live]")) {
+      // Nothing here changes live (a placement report is the record of one decision): say so, rather than
+      // "connecting…" for as long as the page is open, and offer no pause for updates that never come.
+      setState("not live on this page", "muted");
+      const toggle = $("live-toggle");
+      if (toggle) toggle.hidden = true;
+      return;
+    }
     const scheme = location.protocol === "https:" ? "wss" : "ws";
     socket = new WebSocket(scheme + "://" + location.host + "/ws/console/");
     lastSeq = null;  // numbers belong to one socket's hub: a new socket starts from its hello

@@ -192,6 +192,20 @@ def test_the_skip_link_is_the_first_tab_stop_and_lands_in_main(page, console):
     assert page.evaluate("document.activeElement.id") == "main"
 
 
+def test_every_page_says_whether_it_is_live_within_seconds(page, console):
+    """A page with live parts says "live" once its socket is up; one with none (a placement report) says it is not
+    live, where it used to say "connecting…" for as long as it stayed open (found looking at the demo)."""
+    for path in console_pages(console, page):
+        page.goto(console.url + path)
+        page.wait_for_function(
+            "() => document.getElementById('live-state').textContent !== 'connecting…'", timeout=5_000
+        )
+        state = page.locator("#live-state").inner_text()
+        live_parts = page.locator("[data-live]").count()
+        assert state == ("live" if live_parts else "not live on this page"), (path, state)
+        assert page.locator("#live-toggle").is_visible() == bool(live_parts), path
+
+
 # -- axe ---------------------------------------------------------------------------------------------------------
 
 
@@ -235,7 +249,7 @@ def axe_violations(page, url: str) -> list[str]:
     page.goto(url)
     page.wait_for_load_state("networkidle")
     # Live updates paused while axe reads the page: a morph in the middle of its run is not what it should judge.
-    if page.locator("#live-toggle").count():
+    if page.locator("#live-toggle:visible").count():  # hidden on a page with nothing live
         page.click("#live-toggle")
     page.add_script_tag(path=str(AXE))
     result = page.evaluate(AXE_RUN)
