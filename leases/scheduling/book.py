@@ -83,9 +83,10 @@ class PlanBook:
         # Per node: what it is observed to use beyond what the plan holds there now; work starting now must fit it.
         self._now_extra: Mapping[int, Res] = {}
         self._now = -math.inf
-        # Per node: (from, until, leases, next change): the host-score summary holds for every instant in
-        # [from, until), the span up to the node's next change of usage or lease set, until a change touches it.
-        self._views: dict[int, tuple[float, float, int, float]] = {}
+        # Per node: spans (from, until, leases, next change), the most recently read last: the host-score summary
+        # holds for every instant in [from, until), up to the node's next change of usage or lease set, until a
+        # change touches the node. Several are kept: advance reservations each ask about a start of their own.
+        self._views: dict[int, list[tuple[float, float, int, float]]] = {}
         # Per node: (need, start) -> fits_until. A node's answers hold until a change touches that node, so a
         # queue pass keeps them across the other leases' commits (clearing all of it on every change did not).
         self._fit_memo: dict[int, dict[tuple[Res, float], float]] = {}

@@ -30,6 +30,8 @@ _NONE: dict = {}  # read-only: no extra use, no group members (no dict built per
 LAZY_NODES = 256
 # Score columns (Summaries) kept per start, the least recently used dropped first.
 SUMMARIES = 4
+# Summaries kept per node (Mapper._summary), each for the span of instants it holds over.
+VIEWS_KEPT = 8
 # Answers kept on the slot table's columns between writes (NodeArrays.derived) past which the idle nodes' lists
 # clear them all.
 IDLE_KEPT = 256
@@ -257,13 +259,20 @@ class Mapper(PlanBook):
         return None
 
     def _summary(self, node: int, t: float) -> tuple[int, float]:
-        got = self._views.get(node)
-        if got is None or not got[0] <= t < got[1]:
-            leases, change, _ = summary_span(self.table, node, t)
-            # The answer holds for every t' in [t, change): the node's usage and lease set stay what they are
-            # at t until `change`, so the count is the same and the first change after t' is still `change`.
-            got = self._views[node] = (t, change, leases, change)
-        return got[2], got[3]
+        spans = self._views.get(node)
+        if spans is None:
+            spans = self._views[node] = []
+        else:
+            for got in reversed(spans):
+                if got[0] <= t < got[1]:
+                    return got[2], got[3]
+        leases, change, _ = summary_span(self.table, node, t)
+        # The answer holds for every t' in [t, change): the node's usage and lease set stay what they are at t
+        # until `change`, so the count is the same and the first change after t' is still `change`.
+        if len(spans) >= VIEWS_KEPT:
+            del spans[0]
+        spans.append((t, change, leases, change))
+        return leases, change
 
 
 def host_score(leases: int, change: float, start: float, duration: float) -> float:

@@ -395,3 +395,31 @@ def test_the_idle_nodes_kept_between_writes_follow_a_write_and_a_change_of_exclu
     assert HostOrder(s, req, 0, 600).tried() == [3, 4, 5, 6]
     s.use_exclusions({})
     assert HostOrder(s, req, 0, 600).tried() == [2, 3, 4, 5, 6]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_summaries_kept_per_node_answer_as_reading_the_node_again_at_any_instant(seed):
+    """Mapper._summary keeps several spans per node (each ask's answer holds until the node next changes): asked
+    at instants in any order, earlier and later than before, while leases are placed and cancelled, it answers
+    what reading the node's reservations answers."""
+    rng = random.Random(seed)
+    s = random_plan(rng, 12)
+    edges = sorted({x for r in s.table.reservations() for x in (r.start, r.end)})
+    instants = [*edges, *(x + 0.5 for x in edges), *(x - 0.5 for x in edges), 0.0, 1e7]
+    hits = 0
+    for k in range(400):
+        node = rng.choice(list(s.table.nodes))
+        t = rng.choice(instants)
+        hits += any(a <= t < b for a, b, _, _ in s._views.get(node, ()))
+        assert s._summary(node, t) == mapper.summary(s.table, node, t), (seed, k, node, t)
+        if k % 40 == 39:
+            if rng.random() < 0.5:
+                vnodes = tuple(rng.choice(VMS) for _ in range(rng.randint(1, 3)))
+                s.submit(LeaseRequest(70_000 + k, "best_effort", 3000, None, 600, vnodes), 3000)
+            else:
+                placed = [
+                    lid for lid, rec in s.leases.items() if rec.state in ("scheduled", "ready", "active")
+                ]
+                if placed:
+                    s.cancel(rng.choice(placed), 3000)
+    assert hits > 100, "most asks were answered from a kept span"
