@@ -13,7 +13,8 @@ Prints the CPU seconds of each variant, the milliseconds a lease, and checks tha
 (`Scheduler.explain` over the VM reservation it got, or over its window from the batch's `now`), and prints those
 CPU seconds apart: the reports' pure share, outside the scheduler's figure.
 
-    .venv/bin/python bench/bench_mapper.py [--nodes 1000] [--leases 10000] [--rounds 2] [--batch 100] [--reports] [--profile]
+    .venv/bin/python bench/bench_mapper.py [--nodes 1000] [--leases 10000] [--rounds 2] [--batch 100] [--reports]
+        [--workload mapper|burst] [--profile]
 """
 
 from __future__ import annotations
@@ -38,15 +39,31 @@ BATCH = 100
 T0 = 1.8e9
 
 
-def workload(count: int, seed: int) -> list[tuple[str, int, int, int, int]]:
+Ask = tuple[str, tuple[Res, ...], float, float]  # kind, vnodes, duration, an AR's start after its submission
+
+
+def workload(count: int, seed: int) -> list[Ask]:
     rng = random.Random(seed)
     out = []
     for _ in range(count):
         roll = rng.random()
         kind = "best_effort" if roll < 0.9 else "immediate" if roll < 0.95 else "advance_reservation"
         vms = rng.randint(1, 4 if kind == "best_effort" else 2)
-        out.append((kind, rng.choice([1, 2, 4]), vms, rng.randint(1, 8) * 3600, rng.randint(1, 6) * 3600))
+        cores = rng.choice([1, 2, 4])
+        vnodes = (Res(cores * 100, cores * 4096),) * vms
+        out.append((kind, vnodes, rng.randint(1, 8) * 3600, rng.randint(1, 6) * 3600))
     return out
+
+
+def burst_workload(count: int) -> list[Ask]:
+    """bench_burst.py's own requests: VMs of mixed sizes within a lease, and advance reservations starting any
+    second 1-6 h ahead (each asks about a start of its own), where `workload` starts them on the hour."""
+    from bench.bench_burst import workload as asked
+
+    return [
+        (a.type, tuple(Res(int(c * 100), m, d) for c, m, d in a.vnodes), a.duration_s, a.start_in_s or 0.0)
+        for a in asked(count)
+    ]
 
 
 def run(
@@ -60,14 +77,14 @@ def run(
     for k in range(0, len(asks), batch):
         now = T0 + k * 0.01
         for i in range(k, min(k + batch, len(asks))):
-            kind, cores, vms, duration, ahead = asks[i]
+            kind, vnodes, duration, ahead = asks[i]
             req = LeaseRequest(
                 i + 1,
                 kind,
                 now,
                 now + ahead if kind == "advance_reservation" else None,
                 duration,
-                (Res(cores * 100, cores * 4096),) * vms,
+                vnodes,
                 preemptible=kind == "best_effort",
             )
             s.submit(req, now, defer=True)
@@ -115,9 +132,15 @@ def main() -> None:
         help="requests sharing a `now` (a pass takes up to 500: store.MAX_BATCH)",
     )
     parser.add_argument("--reports", action="store_true", help="also explain every lease, as its report does")
+    parser.add_argument(
+        "--workload",
+        choices=["mapper", "burst"],
+        default="mapper",
+        help="burst: bench_burst.py's requests (mixed VM sizes, AR starts to the second)",
+    )
     parser.add_argument("--profile", action="store_true", help="profile one lazy run instead")
     args = parser.parse_args()
-    asks = workload(args.leases, args.seed)
+    asks = burst_workload(args.leases) if args.workload == "burst" else workload(args.leases, args.seed)
     if args.profile:
         prof = cProfile.Profile()
         prof.enable()
