@@ -22,10 +22,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from functools import cached_property, lru_cache
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import OperationalError, connections, router, transaction
 from django.db.models import Exists
 
@@ -58,6 +60,7 @@ from leases.slottable import Res
 from slotkeeper import audit, events, metrics, planlock, planwake
 from slotkeeper.audit import actor_label
 from slotkeeper.bulk import Row, insert_many, update_many
+from slotkeeper.models import AuditEntry
 from slotkeeper.statements import compiled
 
 log = logging.getLogger(__name__)
@@ -594,12 +597,12 @@ def _plan_intents(plan: Planning) -> list[int]:
     its waiter reads it (the lease's message and state, its placement report), with its audit row and alert."""
     intents = list(
         Lease.objects.filter(state=LeaseState.NEW)
-        .select_related("submitted_by")
         .select_for_update(of=("self",))
         .order_by("submitted_at", "id")[:MAX_BATCH]
     )
     if not intents:
         return []
+    _attach_submitters(intents)
     sched = plan.scheduler
     groups = reads.groups_by_lease([lease.pk for lease in intents])
     unplannable: dict[int, str] = {}
@@ -637,7 +640,7 @@ def _plan_intents(plan: Planning) -> list[int]:
             )
         )
         audits.append(
-            audit.entry(
+            audit.entry_row(
                 at=plan.now,
                 actor=lease.submitted_by,
                 action="lease.submit",
@@ -658,9 +661,23 @@ def _plan_intents(plan: Planning) -> list[int]:
         outcome = "placed" if decision.accepted else "rejected"
         metrics.inc("slotkeeper_placements_total", kind="lease", outcome=outcome)
     update_many([lease for lease, _ in decided], ["message"])
-    insert_many(reports)
-    insert_many(audits)
+    insert_many(reports, model=PlacementReport)
+    insert_many(audits, model=AuditEntry)
     return [lease.pk for lease in intents]
+
+
+def _attach_submitters(leases: list[Lease]) -> None:
+    """Each lease's `submitted_by` read once per user, not once per lease: a burst's requests come from a few
+    accounts, and a join built a user instance for every one of them."""
+    field = Lease._meta.get_field("submitted_by")
+    ids = {lease.submitted_by_id for lease in leases if lease.submitted_by_id is not None}
+    if not ids:
+        return
+    users = get_user_model().objects.in_bulk(ids)
+    for lease in leases:
+        user = users.get(lease.submitted_by_id)
+        if user is not None:
+            field.set_cached_value(lease, user)
 
 
 def _submit_intents(
@@ -823,9 +840,11 @@ def _try_pass(now: datetime) -> bool:
 
 def placement_report(
     plan: Planning, lease_id: int, *, message: str, requested_by: str = "", subject: str = ""
-) -> PlacementReport:
+) -> Row:
     """An unsaved report of the scheduler's decision about a lease, every node's verdict in it (docs/capacity.md):
-    over the VM reservation it got, or over the window it asked for (an AR's, or from now) when it got none."""
+    over the VM reservation it got, or over the window it asked for (an AR's, or from now) when it got none. A
+    bulk.Row of PlacementReport (`insert_many(rows, model=PlacementReport)`): a pass writes one for every lease
+    it decides, and a model instance each was a tenth of a report's cost (measured)."""
     sched = plan.scheduler
     rec = sched.leases[lease_id]
     req = rec.request
@@ -839,9 +858,11 @@ def placement_report(
         start = req.start if req.start is not None else plan.t
         end = start + req.duration
         outcome = "queued" if rec.state in (LeaseState.QUEUED, LeaseState.SUSPENDED_QUEUED) else "rejected"
-    return report_row(
-        plan, req, start, end, outcome=outcome, message=message, chosen=chosen,
-        requested_by=requested_by, subject=subject or f"lease:{lease_id}",
+    return Row(
+        **_report_fields(
+            plan, req, start, end, outcome=outcome, message=message, chosen=chosen,
+            requested_by=requested_by, subject=subject or f"lease:{lease_id}",
+        )
     )  # fmt: skip
 
 
@@ -860,6 +881,27 @@ def report_row(
 ) -> PlacementReport:
     """An unsaved report of `req` over [start, end): what it holds (`chosen`, added back) or would take
     (`proposed`), and every node's verdict, stored compactly (fleet/reports.py)."""
+    return PlacementReport(
+        **_report_fields(
+            plan, req, start, end, outcome=outcome, message=message, subject=subject,
+            requested_by=requested_by, chosen=chosen, proposed=proposed,
+        )
+    )  # fmt: skip
+
+
+def _report_fields(
+    plan: Planning,
+    req: LeaseRequest,
+    start: float,
+    end: float,
+    *,
+    outcome: str,
+    message: str,
+    subject: str,
+    requested_by: str,
+    chosen: Mapping[int, Res] | None = None,
+    proposed: Sequence[int] = (),
+) -> dict[str, Any]:
     sched = plan.scheduler
     explained = sched.explain(
         req, start, end, chosen=chosen, proposed=proposed, excluded=plan.excluded, now=plan.t
@@ -876,20 +918,20 @@ def report_row(
         window=f"{sched.label(start)}–{sched.label(end)}",
         largest=_largest(sched, names),
     )
-    return PlacementReport(
-        created_at=plan.now,
-        subject=subject,
-        request={
+    return {
+        "created_at": plan.now,
+        "subject": subject,
+        "request": {
             "type": req.type,
             "vnodes": [vnodes.as_json(v) for v in req.vnodes],
             "duration_s": req.duration,
         },
-        outcome=outcome,
-        message=message,
-        chosen=[names.get(n, str(n)) for n in picked],
-        verdicts=reports.encode(explained.columns, start=start, end=end, summary=summary),
-        requested_by=requested_by,
-    )
+        "outcome": outcome,
+        "message": message,
+        "chosen": [names.get(n, str(n)) for n in picked],
+        "verdicts": reports.encode(explained.columns, start=start, end=end, summary=summary),
+        "requested_by": requested_by,
+    }
 
 
 def _largest(sched: Scheduler, names: Mapping[int, str]) -> tuple[str, int] | None:
@@ -923,7 +965,7 @@ def _report_placed(plan: Planning, changes: list[Change]) -> None:
         rows.append(placement_report(plan, lease_id, message=message, requested_by="scheduler"))
         messages.append(Row(pk=lease_id, message=message))
     if rows:
-        insert_many(rows)
+        insert_many(rows, model=PlacementReport)
         # The decision message said "queued at position N"; it now says where the lease runs.
         update_many(messages, ["message"], model=Lease)
 

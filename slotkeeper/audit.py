@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from slotkeeper.bulk import Row
 from slotkeeper.models import AuditEntry
 
 
@@ -20,18 +21,32 @@ def entry(
     *, at: datetime, actor, action: str, target, reason: str = "", details: dict[str, Any] | None = None
 ):
     """An unsaved audit row, for actions that write many at once (bulk_create)."""
+    return AuditEntry(**_fields(at, actor, action, target, reason, details))
+
+
+def entry_row(
+    *, at: datetime, actor, action: str, target, reason: str = "", details: dict[str, Any] | None = None
+) -> Row:
+    """`entry` as a bulk.Row of AuditEntry (`insert_many(rows, model=AuditEntry)`), without building a model
+    instance: a planning pass writes one for every request it decides."""
+    return Row(**_fields(at, actor, action, target, reason, details))
+
+
+def _fields(
+    at: datetime, actor, action: str, target, reason: str, details: dict[str, Any] | None
+) -> dict[str, Any]:
     real_user = actor if getattr(actor, "pk", None) and not getattr(actor, "is_node_agent", False) else None
-    return AuditEntry(
-        at=at,
-        actor=real_user,
-        actor_label=actor_label(actor),
-        action=action,
-        target_type=target._meta.model_name,
-        target_id=str(target.pk),
-        target_label=str(target),
-        reason=reason,
-        details=details or {},
-    )
+    return {
+        "at": at,
+        "actor_id": real_user.pk if real_user is not None else None,
+        "actor_label": actor_label(actor),
+        "action": action,
+        "target_type": target._meta.model_name,
+        "target_id": str(target.pk),
+        "target_label": str(target),
+        "reason": reason,
+        "details": details or {},
+    }
 
 
 def record(

@@ -37,9 +37,11 @@ def spec(name: str, *, type="best_effort", cores=1, count=1, start=None) -> acti
 # -- one pass, many requests (SQLite and PostgreSQL) ----------------------------------------------------------
 
 
-def test_one_pass_plans_every_waiting_request_with_one_version_and_one_report_each(fleet):
+def test_one_pass_plans_every_waiting_request_with_one_version_and_one_report_each(fleet, django_user_model):
+    operator = django_user_model.objects.create_user("olga")
     now = timezone.now()
     waiting = [intent(f"w{i}", now, cores=2, count=2) for i in range(5)]
+    Lease.objects.filter(pk=waiting[0].pk).update(submitted_by=operator)
     # Four nodes of 4 cores: four of these fit now (2 x 2 cores each), the fifth waits; and one AR that can
     # never fit (5 vnodes of 4 cores on 4 nodes) is rejected in the same pass.
     waiting.append(
@@ -60,6 +62,11 @@ def test_one_pass_plans_every_waiting_request_with_one_version_and_one_report_ea
         assert reports.count() == 1
         audits = AuditEntry.objects.filter(action="lease.submit", target_id=str(lease.pk))
         assert audits.count() == 1
+        row = audits.get()
+        assert (row.target_type, row.target_label, row.at) == ("lease", str(lease), now)
+        assert row.details["type"] == lease.type and row.details["accepted"] is (lease.name != "too-big")
+        by_operator = lease.pk == waiting[0].pk
+        assert (row.actor, row.actor_label) == ((operator, "olga") if by_operator else (None, "system"))
     assert PlacementReport.objects.get(subject=f"lease:{waiting[-1].pk}").outcome == "rejected"
     assert overcommitted_instants() == []
 
