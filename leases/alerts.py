@@ -12,6 +12,7 @@ from datetime import datetime
 
 from leases.models import Alert
 from slotkeeper import audit, events
+from slotkeeper.bulk import Row, insert_many
 
 
 def raise_alert(kind: str, message: str, now: datetime, *, instance=None, lease=None, node=None) -> Alert:
@@ -25,6 +26,19 @@ def raise_alert(kind: str, message: str, now: datetime, *, instance=None, lease=
     )
     events.send_on_commit("alert-raised", alert=alert.pk)
     return alert
+
+
+def raise_lease_alerts(kind: str, alerts: list[tuple[int, str]], now: datetime) -> None:
+    """`raise_alert` for many leases at once, (lease id, message) each, in one INSERT: a pass that rejects
+    thousands of requests (immediate leases on a full fleet) raised an alert each with a statement of its own."""
+    if not alerts:
+        return
+    rows = insert_many(
+        [Row(kind=kind, message=message, created_at=now, lease_id=lease_id) for lease_id, message in alerts],
+        model=Alert,
+    )
+    for row in rows:
+        events.send_on_commit("alert-raised", alert=row.pk)
 
 
 def resolve_open(kind: str, now: datetime, why: str) -> None:

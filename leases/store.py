@@ -35,7 +35,7 @@ from fleet import affinity, capacity, placement, reports
 from fleet.models import PlacementReport
 from fleet.placement import read_fleet
 from leases import forecasting, reads, vnodes
-from leases.alerts import raise_alert
+from leases.alerts import raise_alert, raise_lease_alerts
 from leases.instance_rows import present_instances, sync_many
 from leases.lifecycle import TERMINAL_LEASE_STATES, LeaseState
 from leases.models import (
@@ -630,7 +630,7 @@ def _plan_intents(plan: Planning) -> list[int]:
         (lease, _isolated_decision(lease.pk, isolated[lease.pk]) if lease.pk in isolated else decision)
         for lease, decision in decided
     ]
-    reports, audits = [], []
+    reports, audits, rejected = [], [], []
     for lease, decision in decided:
         lease.message = sched.describe(lease.pk) if decision.accepted else decision.message
         plan.reported.add(lease.pk)
@@ -649,11 +649,8 @@ def _plan_intents(plan: Planning) -> list[int]:
             )
         )
         if not decision.accepted and decision.state != LeaseState.FAILED:  # an isolation has its own alert
-            raise_alert(
-                "failed_placement",
-                f"lease {lease.pk} {lease.name} ({lease.type}) was rejected: {decision.message}",
-                plan.now,
-                lease=lease,
+            rejected.append(
+                (lease.pk, f"lease {lease.pk} {lease.name} ({lease.type}) was rejected: {decision.message}")
             )
         events.send_on_commit("lease-changed", lease=lease.pk)
         accepted = str(decision.accepted).lower()
@@ -663,6 +660,7 @@ def _plan_intents(plan: Planning) -> list[int]:
     update_many([lease for lease, _ in decided], ["message"])
     insert_many(reports, model=PlacementReport)
     insert_many(audits, model=AuditEntry)
+    raise_lease_alerts("failed_placement", rejected, plan.now)
     return [lease.pk for lease in intents]
 
 
