@@ -236,9 +236,9 @@ def _unchanged(field) -> Callable[[object], bool] | None:
 def _json_text(value: object) -> str:
     """A plain JSONField's value as the JSON text PostgreSQL casts to jsonb (the statement's `::jsonb[]`), as
     Django's preparation would write it (None, SQL NULL, is left to the caller). orjson, with Python's json for
-    what it refuses (integers past 64 bits): Django wraps every value in an adapter that psycopg then dumps with
-    Python's json, a third of writing a pass's placement reports (measured), whose requests and chosen nodes are
-    JSON."""
+    what it refuses (integers past 64 bits). Django wraps every value in an adapter that psycopg then dumps with
+    Python's json: inserting 100 placement reports (their request and chosen nodes are JSON) took about twice the
+    client CPU that way (docs/BENCHMARKS.md, "A pass's rows without model instances or Python's json")."""
     try:
         return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
     except TypeError:  # orjson.JSONEncodeError is a TypeError
