@@ -38,6 +38,7 @@ QUICK = {
     "bench_mapper": ["--nodes", "1000", "--leases", "3000", "--rounds", "1"],
     "bench_queue_pass": ["--quick"],
     "bench_retention": ["--quick"],
+    "bench_bulk": ["--quick"],
 }
 
 

@@ -173,7 +173,7 @@ def _columns(fields: Sequence, objs: Sequence[models.Model | Row], *, insert: bo
     for f in fields:
         # A primary key is read as `pk`: a model's property for it, a Row's own attribute.
         attname = "pk" if f.primary_key else f.attname
-        if type(f) is models.JSONField and f.encoder is None:
+        if _plain_json(f):
             column = [getattr(obj, attname) for obj in objs]
             if not any(hasattr(value, "resolve_expression") for value in column):
                 out.append([None if value is None else _json_text(value) for value in column])
@@ -233,12 +233,17 @@ def _unchanged(field) -> Callable[[object], bool] | None:
     return None
 
 
+def _plain_json(field) -> bool:
+    """A JSONField with no encoder of its own: its values are written as JSON text (_json_text)."""
+    return type(field) is models.JSONField and field.encoder is None
+
+
 def _json_text(value: object) -> str:
     """A plain JSONField's value as the JSON text PostgreSQL casts to jsonb (the statement's `::jsonb[]`), as
     Django's preparation would write it (None, SQL NULL, is left to the caller). orjson, with Python's json for
     what it refuses (integers past 64 bits). Django wraps every value in an adapter that psycopg then dumps with
-    Python's json: inserting 100 placement reports (their request and chosen nodes are JSON) took about twice the
-    client CPU that way (docs/BENCHMARKS.md, "A pass's rows without model instances or Python's json")."""
+    Python's json: inserting a pass's 500 placement reports (their request and chosen nodes are JSON) took a fifth
+    more client CPU that way (bench/bench_bulk.py)."""
     try:
         return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
     except TypeError:  # orjson.JSONEncodeError is a TypeError

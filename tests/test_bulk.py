@@ -265,9 +265,10 @@ def test_rows_insert_as_model_instances_would_with_the_defaults_they_leave_out(d
     assert made[0]._state.adding is False
 
 
-def test_json_written_as_text_reads_back_as_django_writes_it(django_user_model):
+def test_json_written_as_text_reads_back_as_django_writes_it():
     """A plain JSONField's values go to PostgreSQL as JSON text cast to jsonb (bulk._json_text), not through
-    Django's adapter: every kind of value reads back as the same value saved by Django itself, and what orjson refuses (an integer past 64 bits) is still written."""
+    Django's adapter: every kind of value reads back as the same value saved by Django itself, and what orjson
+    refuses (an integer past 64 bits) is still written."""
     odd_values = [
         {"a": [1, 2.5, None, True], "b": {"c": "‘é’ ✓", "d": 'q"\\'}},
         {1: "int key", 2.5: "float key", False: "bool key"},
