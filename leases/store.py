@@ -58,7 +58,7 @@ from leases.scheduler import (
 from leases.slottable import Res
 from slotkeeper import audit, events, metrics, planlock, planwake
 from slotkeeper.audit import actor_label
-from slotkeeper.bulk import Row, insert_many, update_many
+from slotkeeper.bulk import Row, insert_many, pipelined, update_many
 from slotkeeper.models import AuditEntry
 from slotkeeper.statements import compiled
 
@@ -194,6 +194,8 @@ PRUNE_EVERY = 100
 # The most waiting intents one pass plans: a pass stays bounded however deep the queue, and the rest wait for
 # the next one.
 MAX_BATCH = 500
+# A pass's reports and audit rows are written this many at a time, pipelined with building the next ones.
+REPORT_CHUNK = 100
 
 
 @dataclass
@@ -632,37 +634,52 @@ def _plan_intents(plan: Planning) -> list[int]:
         for lease, decision in decided
     ]
     reports, audits, rejected = [], [], []
-    for lease, decision in decided:
-        lease.message = sched.describe(lease.pk) if decision.accepted else decision.message
-        plan.reported.add(lease.pk)
-        reports.append(
-            placement_report(
-                plan, lease.pk, message=lease.message, requested_by=actor_label(lease.submitted_by)
+    # The reports and audit rows go in chunks, pipelined: the server writes one chunk while the next one's
+    # reports are built (bulk.pipelined; nothing reads their keys back).
+    with pipelined():
+        for lease, decision in decided:
+            lease.message = sched.describe(lease.pk) if decision.accepted else decision.message
+            plan.reported.add(lease.pk)
+            reports.append(
+                placement_report(
+                    plan, lease.pk, message=lease.message, requested_by=actor_label(lease.submitted_by)
+                )
             )
-        )
-        audits.append(
-            audit.entry_row(
-                at=plan.now,
-                actor=lease.submitted_by,
-                action="lease.submit",
-                target=lease,
-                details={"type": lease.type, "accepted": decision.accepted, "message": decision.message},
+            audits.append(
+                audit.entry_row(
+                    at=plan.now,
+                    actor=lease.submitted_by,
+                    action="lease.submit",
+                    target=lease,
+                    details={"type": lease.type, "accepted": decision.accepted, "message": decision.message},
+                )
             )
-        )
-        if not decision.accepted and decision.state != LeaseState.FAILED:  # an isolation has its own alert
-            rejected.append(
-                (lease.pk, f"lease {lease.pk} {lease.name} ({lease.type}) was rejected: {decision.message}")
-            )
-        events.send_on_commit("lease-changed", lease=lease.pk)
-        accepted = str(decision.accepted).lower()
-        metrics.inc("slotkeeper_lease_submissions_total", type=lease.type, accepted=accepted)
-        outcome = "placed" if decision.accepted else "rejected"
-        metrics.inc("slotkeeper_placements_total", kind="lease", outcome=outcome)
-    update_many([lease for lease, _ in decided], ["message"])
-    insert_many(reports, model=PlacementReport)
-    insert_many(audits, model=AuditEntry)
+            if (
+                not decision.accepted and decision.state != LeaseState.FAILED
+            ):  # an isolation has its own alert
+                rejected.append(
+                    (
+                        lease.pk,
+                        f"lease {lease.pk} {lease.name} ({lease.type}) was rejected: {decision.message}",
+                    )
+                )
+            events.send_on_commit("lease-changed", lease=lease.pk)
+            accepted = str(decision.accepted).lower()
+            metrics.inc("slotkeeper_lease_submissions_total", type=lease.type, accepted=accepted)
+            outcome = "placed" if decision.accepted else "rejected"
+            metrics.inc("slotkeeper_placements_total", kind="lease", outcome=outcome)
+            if len(reports) >= REPORT_CHUNK:
+                _write_reports(reports, audits)
+                reports, audits = [], []
+        _write_reports(reports, audits)
+        update_many([lease for lease, _ in decided], ["message"])
     raise_lease_alerts("failed_placement", rejected, plan.now)
     return [lease.pk for lease in intents]
+
+
+def _write_reports(reports: list[Row], audits: list[Row]) -> None:
+    insert_many(reports, model=PlacementReport, returning=False)
+    insert_many(audits, model=AuditEntry, returning=False)
 
 
 def _submit_intents(

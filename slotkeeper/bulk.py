@@ -18,7 +18,9 @@ execute_wrappers (query counting, debug logs).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from types import SimpleNamespace
 from typing import TypeVar
@@ -70,17 +72,23 @@ def update_many(
     params = [
         [f.get_db_prep_save(getattr(obj, f.attname), connection) for f in concrete] + [obj.pk] for obj in rows
     ]
-    with connection.cursor() as cursor:
+    with _own_statements(), connection.cursor() as cursor:
         cursor.executemany(sql, params)
     return len(rows)
 
 
-def insert_many(objs: Sequence[_Obj], *, model: type[models.Model] | None = None) -> Sequence[_Obj]:
+def insert_many(
+    objs: Sequence[_Obj], *, model: type[models.Model] | None = None, returning: bool = True
+) -> Sequence[_Obj]:
     """`bulk_create` for rows of one model with an auto primary key, set on each object as it is inserted: one
     multi-row INSERT ... RETURNING, server-bound on PostgreSQL. On SQLite the same statement through Django's
     cursor: a pass writes its reports this way, and bulk_create's query building cost a third of writing one
     1,000-node report (0.27 ms against 0.18, measured). Model instances, or `Row`s of `model` (a field a row
-    does not set takes its default)."""
+    does not set takes its default).
+
+    `returning=False`: rows nobody reads back (a pass's reports and audit rows) are inserted without asking for
+    their keys, so nothing waits for the statement's answer: inside `pipelined()` the server writes them while
+    this process goes on. Their `pk` stays unset."""
     if not objs:
         return objs
     if model is None:
@@ -105,27 +113,72 @@ def insert_many(objs: Sequence[_Obj], *, model: type[models.Model] | None = None
         # A column per parameter (UNNEST of arrays), whatever the row count: see _columns.
         sql = (
             f"INSERT INTO {quote(meta.db_table)} ({columns}) "  # noqa: S608
-            f"SELECT * FROM {_unnest([f.db_type(connection) for f in fields])} "
-            f"RETURNING {quote(meta.pk.column)}"
+            f"SELECT * FROM {_unnest([f.db_type(connection) for f in fields])}"
         )
         with _server_cursor() as cursor:
-            cursor.execute(sql, _columns(fields, objs, insert=True))
+            if not returning:
+                cursor.execute(sql, _columns(fields, objs, insert=True))
+                return objs
+            cursor.execute(f"{sql} RETURNING {quote(meta.pk.column)}", _columns(fields, objs, insert=True))
             _set_pks(objs, cursor.fetchall())
         return objs
     row = "(" + ", ".join(["%s"] * len(fields)) + ")"
     per_statement = max(1, connection.ops.bulk_batch_size(fields, objs))
-    with connection.cursor() as cursor:
+    with _own_statements(), connection.cursor() as cursor:
         for i in range(0, len(objs), per_statement):
             chunk = objs[i : i + per_statement]
             params = [f.get_db_prep_save(f.pre_save(obj, True), connection) for obj in chunk for f in fields]
             # Names come from the model's own metadata; every value is a parameter.
-            sql = (
-                f"INSERT INTO {quote(meta.db_table)} ({columns}) "  # noqa: S608
-                f"VALUES {', '.join([row] * len(chunk))} RETURNING {quote(meta.pk.column)}"
-            )
-            cursor.execute(sql, params)
+            sql = f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES {', '.join([row] * len(chunk))}"  # noqa: S608
+            if not returning:
+                cursor.execute(sql, params)
+                continue
+            cursor.execute(f"{sql} RETURNING {quote(meta.pk.column)}", params)
             _set_pks(chunk, cursor.fetchall())
     return objs
+
+
+@contextmanager
+def pipelined() -> Iterator[None]:
+    """Statements sent inside are not waited for one by one (psycopg's pipeline mode, on PostgreSQL): the server
+    executes each while this process goes on to the next, and a statement whose rows are fetched waits only for
+    those before it. Leaving the block waits for every answer and raises the first error, inside the caller's
+    transaction as before. Elsewhere (SQLite, in process) a plain block.
+
+    For a pass's reports and audit rows, built in chunks: the server writes one chunk while the next is built on
+    the other core, instead of this process waiting for each INSERT at the end (docs/BENCHMARKS.md).
+
+    Only this module's writes belong inside. A statement through Django's cursor is refused, on every database
+    so that what passes on SQLite passes on PostgreSQL: in pipeline mode a cursor's row count reads -1 until
+    the answers arrive, and Django acts on it at once (a `save()` that updated no row inserts one, or raises)."""
+    with connection.execute_wrapper(_refuse_inside_pipeline):
+        if connection.vendor != "postgresql":
+            yield
+            return
+        connection.ensure_connection()
+        with connection.connection.pipeline():
+            yield
+
+
+# Set while this module writes through Django's cursor (SQLite), which `pipelined()` lets through.
+_writing = threading.local()
+
+
+@contextmanager
+def _own_statements() -> Iterator[None]:
+    _writing.on = True
+    try:
+        yield
+    finally:
+        _writing.on = False
+
+
+def _refuse_inside_pipeline(execute, sql, params, many, context):
+    if getattr(_writing, "on", False):
+        return execute(sql, params, many, context)
+    raise RuntimeError(
+        f"a statement through Django's cursor inside bulk.pipelined(), whose row counts it cannot trust: {sql[:80]}"
+    )
 
 
 def _set_pks(objs: Sequence[models.Model | Row], rows: list) -> None:

@@ -4,12 +4,12 @@ object given its primary key and every value (JSON columns included) stored as b
 from __future__ import annotations
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from fleet.models import PlacementReport
-from slotkeeper.bulk import Row, insert_many, update_many
+from slotkeeper.bulk import Row, insert_many, pipelined, update_many
 
 pytestmark = pytest.mark.django_db
 
@@ -297,3 +297,53 @@ def test_json_written_as_text_reads_back_as_django_writes_it():
         expected = fetched[saved.pk]
         got = fetched[row.pk]
         assert (got.request, got.chosen) == (expected.request, expected.chosen)
+
+
+def test_rows_inserted_without_returning_are_written_and_keep_no_key():
+    made = [report(i) for i in range(1, 6)]
+    assert insert_many(made, returning=False) is made
+    assert all(o.pk is None for o in made)
+    rows = PlacementReport.objects.filter(requested_by="bulk-test").order_by("subject")
+    assert stored(rows) == stored(sorted(made, key=lambda o: o.subject))
+
+
+def test_pipelined_writes_are_all_in_by_the_end_of_the_block():
+    """Inside, the statements are sent without waiting for their answers (on PostgreSQL the connection is in
+    pipeline mode); when the block ends every row is there, in the caller's transaction."""
+    from psycopg import pq
+
+    before = insert_many([report(1)])[0]
+    with transaction.atomic():
+        with pipelined():
+            if connection.vendor == "postgresql":
+                assert connection.connection.pgconn.pipeline_status == pq.PipelineStatus.ON
+            for i in range(3):
+                insert_many([report(10 * i + j) for j in range(1, 5)], returning=False)
+            update_many([Row(pk=before.pk, message="changed")], ["message"], model=PlacementReport)
+        if connection.vendor == "postgresql":
+            assert connection.connection.pgconn.pipeline_status == pq.PipelineStatus.OFF
+        assert PlacementReport.objects.filter(requested_by="bulk-test").count() == 13
+        assert PlacementReport.objects.get(pk=before.pk).message == "changed"
+        after = insert_many([report(99)])  # after the block, a write that reads its key back works as before
+    assert after[0].pk is not None
+
+
+def test_a_django_statement_inside_pipelined_is_refused_and_changes_nothing():
+    with pytest.raises(RuntimeError, match=r"inside bulk\.pipelined"), transaction.atomic(), pipelined():
+        insert_many([report(1)], returning=False)
+        PlacementReport.objects.filter(subject="lease:1").update(message="changed")
+    assert not PlacementReport.objects.exists()
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="psycopg's pipeline mode (PostgreSQL)")
+def test_an_error_in_a_pipelined_write_surfaces_by_the_end_of_the_block_and_rolls_back():
+    from psycopg import errors
+
+    broken = report(2)
+    broken.subject = None  # NOT NULL: the server refuses the INSERT, after this process has gone on
+    with pytest.raises(errors.NotNullViolation), transaction.atomic(), pipelined():
+        insert_many([report(1)], returning=False)
+        insert_many([broken], returning=False)
+        reached_the_end = True
+    assert reached_the_end
+    assert not PlacementReport.objects.exists()

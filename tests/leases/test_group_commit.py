@@ -306,3 +306,23 @@ def test_the_requests_a_pass_rejects_raise_their_alerts_together(fleet):
     ):  # PostgreSQL's bulk statements bypass Django's cursor (slotkeeper/bulk.py)
         inserts = [q for q in queries.captured_queries if q["sql"].startswith('INSERT INTO "leases_alert"')]
         assert len(inserts) == 1
+
+
+def test_a_pass_writes_every_report_and_audit_row_chunk_by_chunk(fleet, monkeypatch):
+    """A pass writes its reports and audit rows a chunk at a time, pipelined with building the next chunk
+    (store.REPORT_CHUNK): with chunks of two, five requests make two full chunks and a last one of one, and each
+    request still has exactly its one report and one audit row, with its own outcome."""
+    monkeypatch.setattr(store, "REPORT_CHUNK", 2)
+    now = timezone.now()
+    fits = [intent(f"fits-{i}", now, type="immediate", cores=1) for i in range(4)]
+    too_big = intent("too-big", now, type="immediate", cores=8)
+    with store.planning(now):
+        pass
+    for lease, outcome in [*((lease, "placed") for lease in fits), (too_big, "rejected")]:
+        report = PlacementReport.objects.get(subject=f"lease:{lease.pk}")
+        assert (report.outcome, report.created_at) == (outcome, now)
+        assert report.verdicts["counts"]["evaluated"] == 4  # every node's verdict
+        audit_row = AuditEntry.objects.get(action="lease.submit", target_id=str(lease.pk))
+        assert audit_row.details["accepted"] is (outcome == "placed")
+    assert PlacementReport.objects.count() == 5
+    assert AuditEntry.objects.filter(action="lease.submit").count() == 5
