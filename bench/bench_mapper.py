@@ -129,7 +129,7 @@ def main() -> None:
         "--batch",
         type=int,
         default=BATCH,
-        help="requests sharing a `now` (a pass takes up to 500: store.MAX_BATCH)",
+        help="requests sharing a `now` (a pass takes up to 1,000: store.MAX_BATCH)",
     )
     parser.add_argument("--reports", action="store_true", help="also explain every lease, as its report does")
     parser.add_argument(
