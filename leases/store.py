@@ -656,15 +656,11 @@ def _plan_intents(plan: Planning) -> list[int]:
                     details={"type": lease.type, "accepted": decision.accepted, "message": decision.message},
                 )
             )
-            if (
-                not decision.accepted and decision.state != LeaseState.FAILED
-            ):  # an isolation has its own alert
-                rejected.append(
-                    (
-                        lease.pk,
-                        f"lease {lease.pk} {lease.name} ({lease.type}) was rejected: {decision.message}",
-                    )
-                )
+            # A rejection raises its alert (after the block: the alerts' keys are read back for their events); an
+            # isolation has its own.
+            if not decision.accepted and decision.state != LeaseState.FAILED:
+                why = f"lease {lease.pk} {lease.name} ({lease.type}) was rejected: {decision.message}"
+                rejected.append((lease.pk, why))
             events.send_on_commit("lease-changed", lease=lease.pk)
             accepted = str(decision.accepted).lower()
             metrics.inc("slotkeeper_lease_submissions_total", type=lease.type, accepted=accepted)

@@ -166,11 +166,12 @@ _writing = threading.local()
 
 @contextmanager
 def _own_statements() -> Iterator[None]:
+    was = getattr(_writing, "on", False)
     _writing.on = True
     try:
         yield
     finally:
-        _writing.on = False
+        _writing.on = was
 
 
 def _refuse_inside_pipeline(execute, sql, params, many, context):
