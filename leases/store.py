@@ -637,14 +637,20 @@ def _plan_intents(plan: Planning) -> list[int]:
     ]
     reports, audits, rejected = [], [], []
     # The reports and audit rows go in chunks, pipelined: the server writes one chunk while the next one's
-    # reports are built (bulk.pipelined; nothing reads their keys back).
+    # reports are built (bulk.pipelined; nothing reads their keys back). The plan no longer changes from here,
+    # so requests that hold nothing share their verdicts by shape and window (`report_fields`).
+    shared: dict = {}
     with pipelined():
         for lease, decision in decided:
             lease.message = sched.describe(lease.pk) if decision.accepted else decision.message
             plan.reported.add(lease.pk)
             reports.append(
                 placement_report(
-                    plan, lease.pk, message=lease.message, requested_by=actor_label(lease.submitted_by)
+                    plan,
+                    lease.pk,
+                    message=lease.message,
+                    requested_by=actor_label(lease.submitted_by),
+                    shared=shared,
                 )
             )
             audits.append(
@@ -839,12 +845,20 @@ def _try_pass(now: datetime) -> bool:
 
 
 def placement_report(
-    plan: Planning, lease_id: int, *, message: str, requested_by: str = "", subject: str = ""
+    plan: Planning,
+    lease_id: int,
+    *,
+    message: str,
+    requested_by: str = "",
+    subject: str = "",
+    shared: dict | None = None,
 ) -> Row:
     """An unsaved report of the scheduler's decision about a lease, every node's verdict in it (docs/capacity.md):
     over the VM reservation it got, or over the window it asked for (an AR's, or from now) when it got none. A
     bulk.Row of PlacementReport (`insert_many(rows, model=PlacementReport)`): a pass writes one for every lease
-    it decides, only to be inserted (bench/bench_bulk.py: 1.5-1.7 µs a report less, built and inserted)."""
+    it decides, only to be inserted (bench/bench_bulk.py: 1.5-1.7 µs a report less, built and inserted).
+
+    `shared`: verdicts kept by `Scheduler.shared_key` while the plan does not change (see `report_fields`)."""
     sched = plan.scheduler
     rec = sched.leases[lease_id]
     req = rec.request
@@ -861,7 +875,7 @@ def placement_report(
     return Row(
         **report_fields(
             plan, req, start, end, outcome=outcome, message=message, chosen=chosen,
-            requested_by=requested_by, subject=subject or f"lease:{lease_id}",
+            requested_by=requested_by, subject=subject or f"lease:{lease_id}", shared=shared,
         )
     )  # fmt: skip
 
@@ -883,25 +897,26 @@ def report_fields(
     requested_by: str = "",
     chosen: Mapping[int, Res] | None = None,
     proposed: Sequence[int] = (),
+    shared: dict | None = None,
 ) -> dict[str, Any]:
     """The fields of a report of `req` over [start, end): what it holds (`chosen`, added back) or would take
-    (`proposed`), and every node's verdict, stored compactly (fleet/reports.py)."""
-    sched = plan.scheduler
-    explained = sched.explain(
-        req, start, end, chosen=chosen, proposed=proposed, excluded=plan.excluded, now=plan.t
-    )
+    (`proposed`), and every node's verdict, stored compactly (fleet/reports.py).
+
+    `shared`, a dict the caller keeps while the plan, its exclusions and its `now` stay as they are: the stored
+    verdicts of a request that holds and proposes nothing, kept under `Scheduler.shared_key` and handed to every
+    later request with the same key (the same object: stored, never changed). A pass's reports of the requests
+    it queued or rejected are written after its last decision, and a burst's queue shares a few shapes and
+    windows by the hundred."""
     names = plan.names
     picked = list(chosen or {}) or list(proposed)
-    size = explained.vm
-    summary = reports.summary(
-        {"cpu": size.cpu, "mem": size.mem, "disk": size.disk},
-        explained.count,
-        {names.get(n, str(n)): h for n, h in explained.holders},
-        total=explained.total,
-        now=start <= plan.t,
-        window=f"{sched.label(start)}–{sched.label(end)}",
-        largest=_largest(sched, names),
-    )
+    key = None
+    if shared is not None and not picked:
+        key = plan.scheduler.shared_key(req, start, end)
+    verdicts = shared.get(key) if shared is not None and key is not None else None
+    if verdicts is None:
+        verdicts = _verdicts(plan, req, start, end, chosen, proposed)
+        if shared is not None and key is not None:
+            shared[key] = verdicts
     return {
         "created_at": plan.now,
         "subject": subject,
@@ -913,9 +928,36 @@ def report_fields(
         "outcome": outcome,
         "message": message,
         "chosen": [names.get(n, str(n)) for n in picked],
-        "verdicts": reports.encode(explained.columns, start=start, end=end, summary=summary),
+        "verdicts": verdicts,
         "requested_by": requested_by,
     }
+
+
+def _verdicts(
+    plan: Planning,
+    req: LeaseRequest,
+    start: float,
+    end: float,
+    chosen: Mapping[int, Res] | None,
+    proposed: Sequence[int],
+) -> dict[str, Any]:
+    """Every node's verdict on `req` over [start, end), with the summary, in the stored form."""
+    sched = plan.scheduler
+    explained = sched.explain(
+        req, start, end, chosen=chosen, proposed=proposed, excluded=plan.excluded, now=plan.t
+    )
+    names = plan.names
+    size = explained.vm
+    summary = reports.summary(
+        {"cpu": size.cpu, "mem": size.mem, "disk": size.disk},
+        explained.count,
+        {names.get(n, str(n)): h for n, h in explained.holders},
+        total=explained.total,
+        now=start <= plan.t,
+        window=f"{sched.label(start)}–{sched.label(end)}",
+        largest=_largest(sched, names),
+    )
+    return reports.encode(explained.columns, start=start, end=end, summary=summary)
 
 
 def _largest(sched: Scheduler, names: Mapping[int, str]) -> tuple[str, int] | None:

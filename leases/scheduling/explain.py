@@ -225,6 +225,22 @@ class Explaining(EventLoop):
         holders = tuple((node_ids[i], int(holds[i])) for i in top.tolist())
         return Explanation(start, end, vm, count, columns, int(holds.sum()), holders)
 
+    def shared_key(self, req: LeaseRequest, start: float, end: float) -> tuple | None:
+        """A key under which `explain(req, start, end)`, with nothing chosen or proposed and the pass's exclusions
+        and `now`, is the same for every request with the same key, for as long as the table, the exclusions and
+        `now` stay as they are. A pass reports the requests it queued or rejected after its last decision, and a
+        burst's queued leases share a few shapes and windows by the hundred.
+
+        None when the answer also depends on the request itself: the host order the mapper last built was for
+        this very request (a report ranks the order actually tried), or the request holds live reservations of
+        its own (a report never names a lease among its own blockers)."""
+        if self._order_used(req, start, end - start) is not None:
+            return None
+        rec = self.leases.get(req.id)
+        if rec is not None and rec.chain():
+            return None
+        return (req.vnodes, req.spread, req.taken, req.avoid, req.barred, start, end)
+
     def _extra_columns(self, arr: NodeArrays) -> npt.NDArray[np.int64]:
         """The now-gate's extra use as a column per dimension, built once per observation."""
         got = self._extra_memo
