@@ -7,6 +7,7 @@ it may only call the agent endpoints of its own node, which check `node_id` them
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import OrderedDict
@@ -14,10 +15,12 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.conf import settings
-from django.db.models import F
+from django.contrib.auth import get_user_model
+from django.db import router
 from django.utils import timezone
 from rest_framework import authentication, exceptions, permissions
 
+from slotkeeper import statements
 from slotkeeper.models import ApiToken, hash_token
 from slotkeeper.roles import has_role, remember_groups
 
@@ -158,17 +161,42 @@ def authenticate_token(raw: str):
             node_tokens.put(node_token_of(node))
         return NodeAgent(node_id=node.pk, node_name=node.name), node
     # The token, its user and the user's group names in one statement (a row per group): the role check that
-    # follows every authentication then asks nothing more.
-    rows = list(
-        ApiToken.objects.select_related("user")
-        .filter(digest=digest, revoked_at=None)
-        .annotate(group_name=F("user__groups__name"))
-    )
-    if not rows or not rows[0].user.is_active:
+    # follows every authentication then asks nothing more. Compiled once (slotkeeper/statements.py): building
+    # and compiling the queryset was most of an API request's authentication (docs/BENCHMARKS.md).
+    alias = router.db_for_read(ApiToken)
+    token_fields, user_fields = _token_columns()
+    rows = statements.template(alias, "auth.api_token", _token_query, _DIGEST_MARKER).rows(alias, digest)
+    if not rows:
         return None
-    token = rows[0]
-    remember_groups(token.user, (row.group_name for row in rows if row.group_name))
-    return token.user, token
+    first, split = rows[0], len(token_fields)
+    token = ApiToken.from_db(alias, token_fields, first[:split])
+    user = get_user_model().from_db(alias, user_fields, first[split:-1])
+    if not user.is_active:
+        return None
+    token.user = user
+    remember_groups(user, (row[-1] for row in rows if row[-1]))
+    return user, token
+
+
+# No digest is this: hash_token gives 64 hex digits.
+_DIGEST_MARKER = "\x00digest"
+
+
+@functools.cache
+def _token_columns() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The attnames of a token's columns and of its user's, in the order `_token_query` selects them."""
+    user_model = get_user_model()
+    return (
+        tuple(f.attname for f in ApiToken._meta.concrete_fields),
+        tuple(f.attname for f in user_model._meta.concrete_fields),
+    )
+
+
+def _token_query(digest: str):
+    token_fields, user_fields = _token_columns()
+    return ApiToken.objects.filter(digest=digest, revoked_at=None).values_list(
+        *token_fields, *(f"user__{name}" for name in user_fields), "user__groups__name"
+    )
 
 
 class BearerTokenAuthentication(authentication.BaseAuthentication):

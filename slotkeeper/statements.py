@@ -1,15 +1,18 @@
 """Statements compiled once per process and database: a query asked on every planning pass or preview is the same
 SQL each time, and compiling the queryset again each time is Python work the database's answer does not need.
-Only for querysets whose parameters are constants: the first compilation's are kept."""
+`compiled` is for querysets whose parameters are constants: the first compilation's are kept. `template` is for
+those with a value per call (a token's digest, a lease's id): compiled once with a marker in each such place, and
+given that call's values; its rows come converted as the queryset's own would be."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
 from django.db import connections
-from django.db.models import QuerySet
+from django.db.models import Model, QuerySet
 
 Statement = tuple[str, tuple]
 
@@ -23,6 +26,87 @@ def compiled(alias: str, name: str, build: Callable[[], QuerySet]) -> Statement:
         query = build()
         sql, params = query.query.get_compiler(using=alias).as_sql()
         got = _compiled[(alias, name)] = (sql, tuple(_plain(p) for p in params))
+    return got
+
+
+@dataclass(frozen=True)
+class Template:
+    """A statement compiled once, with a value per call in `slots` (indices into `params`)."""
+
+    sql: str
+    params: tuple
+    slots: tuple[int, ...]
+    # (column, converter functions, expression): what Django's compiler applies to the column's values (a
+    # datetime made aware and a JSON document decoded on SQLite, a field's from_db_value anywhere).
+    converters: tuple[tuple[int, tuple, Any], ...]
+    # A queryset of model instances: the attnames of its columns, in order (None for values_list).
+    attnames: tuple[str, ...] | None
+
+    def rows(self, alias: str, *values: Any) -> list:
+        """The statement's rows with `values` in its slots, each a list (tuple when nothing converts)."""
+        params = list(self.params)
+        for slot, value in zip(self.slots, values, strict=True):
+            params[slot] = value
+        connection = connections[alias]
+        with connection.cursor() as cursor:
+            cursor.execute(self.sql, params)
+            rows = cursor.fetchall()
+        if not self.converters:
+            return rows
+        converted = []
+        for row in rows:
+            row = list(row)
+            for pos, convs, expression in self.converters:
+                value = row[pos]
+                for converter in convs:
+                    value = converter(value, expression, connection)
+                row[pos] = value
+            converted.append(row)
+        return converted
+
+    def models(self, model: type[Model], alias: str, *values: Any) -> list:
+        """The rows as instances of `model`, as the queryset would give them."""
+        assert self.attnames is not None, "not a queryset of model instances"
+        return [model.from_db(alias, self.attnames, row) for row in self.rows(alias, *values)]
+
+
+_templates: dict[tuple[str, str], Template] = {}
+
+
+def template(alias: str, name: str, build: Callable[..., QuerySet], *markers: Any) -> Template:
+    """`build(*markers)` compiled for database `alias` the first time `name` is asked for. Each marker is a value
+    of the parameter's own type that no real call passes (an id of -1, a text no digest can be) and must land
+    exactly once among the compiled parameters; a call's values then take the markers' places. A queryset whose
+    SQL depends on the value itself (None, an empty list for `__in`) cannot be a template."""
+    got = _templates.get((alias, name))
+    if got is None:
+        compiler = build(*markers).query.get_compiler(using=alias)
+        sql, params = compiler.as_sql()
+        params = tuple(_plain(p) for p in params)
+        slots = []
+        for marker in markers:
+            found = [i for i, p in enumerate(params) if type(p) is type(marker) and p == marker]
+            if len(found) != 1:
+                raise ValueError(
+                    f"{name}: marker {marker!r} is {len(found)} of the compiled parameters, not one"
+                )
+            slots.append(found[0])
+        columns = [s[0] for s in compiler.select[: compiler.col_count]]
+        converters = tuple(
+            (pos, tuple(convs), expression)
+            for pos, (convs, expression) in compiler.get_converters(columns).items()
+        )
+        klass = compiler.klass_info
+        attnames = None
+        if (
+            klass is not None
+            and not compiler.query.values_select
+            and not klass.get("related_klass_infos")
+            and list(klass["select_fields"]) == list(range(len(columns)))
+        ):
+            # A model's own columns and nothing else (no select_related, no annotation): its instances.
+            attnames = tuple(column.target.attname for column in columns)
+        got = _templates[(alias, name)] = Template(sql, params, tuple(slots), converters, attnames)
     return got
 
 

@@ -61,3 +61,23 @@ def test_a_revoked_token_or_an_inactive_user_does_not_authenticate():
     token.user.save()
     ApiToken.objects.filter(pk=token.pk).update(revoked_at=timezone.now())
     assert authenticate_token(raw) is None
+
+
+def test_a_token_check_compiles_its_statement_once_and_reads_rows_as_the_orm_does():
+    from unittest.mock import patch
+
+    from django.contrib.auth.models import User
+    from django.db.models.sql.compiler import SQLCompiler
+
+    raw = do_issue_token(None, "reader", "operator", now=timezone.now(), name="ro")
+    ApiToken.objects.filter(digest=hash_token(raw)).update(last_used_at=timezone.now())
+    authenticate_token(raw)  # compiled here, if no earlier test did
+    with patch.object(SQLCompiler, "as_sql", side_effect=AssertionError("compiled again")):
+        principal, token = authenticate_token(raw)
+    stored = ApiToken.objects.select_related("user").get(digest=hash_token(raw))
+    fields = [f.attname for f in ApiToken._meta.concrete_fields]
+    assert [getattr(token, f) for f in fields] == [getattr(stored, f) for f in fields]
+    user_fields = [f.attname for f in User._meta.concrete_fields]
+    assert [getattr(principal, f) for f in user_fields] == [getattr(stored.user, f) for f in user_fields]
+    assert token.last_used_at.tzinfo is not None and token.user is principal
+    assert not token._state.adding and not principal._state.adding
