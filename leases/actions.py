@@ -22,7 +22,7 @@ from leases.alerts import raise_alert, resolve_open
 from leases.lifecycle import IllegalTransition, LeaseState
 from leases.models import Alert, Group, Lease, SchedulerState
 from leases.scheduler import Decision, LeaseRequest
-from slotkeeper import audit, events, metrics, planwake, statements
+from slotkeeper import audit, bulk, events, metrics, planwake, statements
 from slotkeeper.audit import actor_label
 from slotkeeper.domain import DomainError
 
@@ -87,7 +87,7 @@ def do_submit_lease(actor, spec: LeaseSpec, *, now: datetime) -> Submitted:
         planwake.ticket()
     )  # passes from here on name the requests they decide: this one's, once it is stored
     with transaction.atomic():
-        lease = Lease.objects.create(
+        lease = Lease(
             name=spec.name,
             type=spec.type,
             submitted_at=now,
@@ -100,12 +100,16 @@ def do_submit_lease(actor, spec: LeaseSpec, *, now: datetime) -> Submitted:
             submitted_by=actor if getattr(actor, "pk", None) else None,
             **spec.policy,
         )
-        if spec.groups:
-            lease.groups.set(Group.objects.filter(name__in=spec.groups))
+        bulk.insert_one(lease)
+        groups = list(Group.objects.filter(name__in=spec.groups)) if spec.groups else []
+        if groups:
+            lease.groups.set(groups)
     lease = store.await_decision(lease.pk, now, since=since)
+    # Its groups are the request's: set with the row, and a pass never changes them (the answer reads no more).
+    reads.cache_groups(lease, groups)
     # The report the pass wrote when it decided this request: the first one about the lease (a later pass may add
     # "placed by the queue" reports, which are not this request's answer).
-    report = PlacementReport.objects.filter(subject=f"lease:{lease.pk}").order_by("id").first()
+    report = reads.first_report(f"lease:{lease.pk}")
     assert report is not None, f"lease {lease.pk} was decided without a report"
     # The report says what the pass decided; the lease's state says whether that still holds. A lease the
     # scheduler isolated (failed) after its report was written (later in the same pass, the tick's part of it,

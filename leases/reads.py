@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from django.db import router
 from django.db.models import Sum
 
 from fleet import affinity
+from fleet.models import PlacementReport
 from leases.lifecycle import LIVE_INSTANCE_STATES
 from leases.models import Allocation, Group, Instance, Lease, SchedulerState
+from slotkeeper import statements
 from slotkeeper.domain import NotFound
 
 LIVE = [s.value for s in LIVE_INSTANCE_STATES]
@@ -20,6 +23,43 @@ def get_lease(lease_id: int) -> Lease:
         return Lease.objects.get(pk=lease_id)
     except Lease.DoesNotExist:
         raise NotFound(f"lease {lease_id} does not exist") from None
+
+
+def lease_row(lease_id: int) -> Lease:
+    """`Lease.objects.get(pk=lease_id)` from a statement compiled once (slotkeeper/statements.py): a lease
+    request reads its row once decided, and the queryset's building was most of that read. Raises
+    Lease.DoesNotExist as get() does."""
+    alias = router.db_for_read(Lease)
+    found = statements.template(alias, "leases.by_id", _lease_by_id, -1).models(Lease, alias, lease_id)
+    if not found:
+        raise Lease.DoesNotExist(f"lease {lease_id} does not exist")
+    return found[0]
+
+
+def _lease_by_id(lease_id: int):
+    return Lease.objects.filter(pk=lease_id)
+
+
+def first_report(subject: str) -> PlacementReport | None:
+    """The first placement report about `subject`, from a statement compiled once (as `lease_row`)."""
+    alias = router.db_for_read(PlacementReport)
+    found = statements.template(alias, "reports.first", _first_report, "\x00subject").models(
+        PlacementReport, alias, subject
+    )
+    return found[0] if found else None
+
+
+def _first_report(subject: str):
+    return PlacementReport.objects.filter(subject=subject).order_by("id")[:1]
+
+
+def cache_groups(lease: Lease, groups: list[Group]) -> None:
+    """Keeps on `lease` the groups it belongs to, as prefetch_related("groups") would: for a lease whose groups
+    the caller knows already (it has just set them), so that reading `lease.groups.all()` asks nothing."""
+    cached = Group.objects.filter(pk__in=[g.pk for g in groups])  # never evaluated: its rows are these
+    cached._result_cache = list(groups)
+    cached._prefetch_done = True
+    lease._prefetched_objects_cache = {**getattr(lease, "_prefetched_objects_cache", {}), "groups": cached}
 
 
 def scheduler_health() -> str:

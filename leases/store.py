@@ -800,9 +800,7 @@ def await_decision(lease_id: int, now: datetime, *, since: int | None = None) ->
             or planwake.named_since(seen, lease_id)
             or time.monotonic() >= deadline
         ):
-            lease = Lease.objects.get(
-                pk=lease_id
-            )  # a request deleted meanwhile raises, as before it was decided
+            lease = reads.lease_row(lease_id)  # a request deleted meanwhile raises, as before it was decided
             if lease.state != LeaseState.NEW:
                 return lease
         look, seen = False, ticket

@@ -138,6 +138,35 @@ def insert_many(
     return objs
 
 
+_insert_one_sql: dict[tuple[str, type], str] = {}
+
+
+def insert_one(obj: models.Model) -> models.Model:
+    """`obj.save(force_insert=True)` for a model with an auto primary key and no save() of its own, without
+    Django's statement building: its INSERT ... RETURNING text is kept per model and database, so a row costs
+    only its values' preparation (each field's pre_save and get_db_prep_save, as save() does) and the round trip.
+    A lease request stores its row this way (0.6 ms of CPU against 0.8-0.9 ms, measured). Sends no model
+    signals: for models nobody listens to."""
+    model, alias = type(obj), connection.alias
+    meta = model._meta
+    fields = [f for f in meta.local_concrete_fields if not f.primary_key]
+    if not connection.features.can_return_columns_from_insert:
+        obj.save(force_insert=True)
+        return obj
+    sql = _insert_one_sql.get((alias, model))
+    if sql is None:
+        quote = connection.ops.quote_name
+        sql = _insert_one_sql[(alias, model)] = (
+            f"INSERT INTO {quote(meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) "  # noqa: S608
+            f"VALUES ({', '.join(['%s'] * len(fields))}) RETURNING {quote(meta.pk.column)}"
+        )
+    params = [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        _set_pks([obj], [cursor.fetchone()])
+    return obj
+
+
 @contextmanager
 def pipelined() -> Iterator[None]:
     """Statements sent inside are not waited for one by one (psycopg's pipeline mode, on PostgreSQL): the server

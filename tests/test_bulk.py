@@ -347,3 +347,25 @@ def test_an_error_in_a_pipelined_write_surfaces_by_the_end_of_the_block_and_roll
         reached_the_end = True
     assert reached_the_end
     assert not PlacementReport.objects.exists()
+
+
+def test_insert_one_stores_a_row_as_save_would_and_builds_its_statement_once(django_user_model):
+    """insert_one (a lease request's row): every field as save() writes it, auto_now_add set, the key given back;
+    the second row asks Django to build no statement."""
+    from unittest.mock import patch
+
+    from django.db.models.sql.compiler import SQLInsertCompiler
+
+    from leases.models import Group
+    from slotkeeper.bulk import insert_one
+
+    first = insert_one(report(1))
+    with patch.object(SQLInsertCompiler, "as_sql", side_effect=AssertionError("Django built it")):
+        second = insert_one(report(2))
+        group = insert_one(Group(name="g", policy="anti_affinity"))
+    assert first.pk != second.pk and not second._state.adding and second._state.db == "default"
+    assert stored(PlacementReport.objects.filter(pk__in=[first.pk, second.pk]).order_by("pk")) == stored(
+        [first, second]
+    )
+    again = Group.objects.get(pk=group.pk)
+    assert again.created_at is not None and again.created_at == group.created_at and again.name == "g"
