@@ -324,16 +324,43 @@ class LeaseDetailSerializer(LeaseSerializer):
         fields = [*LeaseSerializer.Meta.fields, "reservations", "history", "placement_reports"]
         read_only_fields = fields
 
+    # The three reads below come from statements compiled once (slotkeeper/statements.py): a lease's whole
+    # answer is read on every full answer to a lease request, and building its querysets was a part of each.
+
     def get_reservations(self, lease) -> list[dict]:
-        rows = lease.reservations.select_related("lease").order_by("start", "rid")
+        alias = router.db_for_read(Reservation)
+        rows = statements.template(alias, "leases.reservations_of", _reservations_of, -1).models(
+            Reservation, alias, lease.pk
+        )
+        for row in rows:
+            row.lease = lease  # what select_related("lease") gave: the name and type the rows show
         return plain(ReservationSerializer, rows, many=True)
 
     def get_history(self, lease) -> list[dict]:
-        return plain(LeaseEventSerializer, lease.events.all(), many=True)
+        alias = router.db_for_read(LeaseEvent)
+        rows = statements.template(alias, "leases.events_of", _events_of, -1).models(
+            LeaseEvent, alias, lease.pk
+        )
+        return plain(LeaseEventSerializer, rows, many=True)
 
     def get_placement_reports(self, lease) -> list[dict]:
-        reports = PlacementReport.objects.filter(subject=f"lease:{lease.pk}").order_by("created_at", "id")
+        alias = router.db_for_read(PlacementReport)
+        reports = statements.template(alias, "reports.about", _reports_about, "\x00subject").models(
+            PlacementReport, alias, f"lease:{lease.pk}"
+        )
         return plain(ReportBriefSerializer, reports, many=True)
+
+
+def _reservations_of(lease_id: int):
+    return Reservation.objects.filter(lease_id=lease_id).order_by("start", "rid")
+
+
+def _events_of(lease_id: int):
+    return LeaseEvent.objects.filter(lease_id=lease_id).order_by("at", "id")
+
+
+def _reports_about(subject: str):
+    return PlacementReport.objects.filter(subject=subject).order_by("created_at", "id")
 
 
 class LeaseMinimalSerializer(LeaseSerializer):

@@ -50,3 +50,27 @@ def test_a_submission_is_answered_with_its_row_and_its_first_report_as_stored(fl
     assert reads.first_report("lease:0") is None
     with pytest.raises(Lease.DoesNotExist):
         reads.lease_row(10**12)
+
+
+def test_a_leases_whole_answer_reads_its_rows_as_the_orm_would_without_compiling_again(fleet, monkeypatch):
+    from unittest.mock import patch
+
+    from django.db.models.sql.compiler import SQLCompiler
+
+    from fleet import models as fleet_models
+    from leases.api import serializers as s
+
+    monkeypatch.setattr(fleet_models, "NAMES_BY_ID", 0)  # a report's names read whole, as at fleet scale
+    placed, other = submit("placed"), submit("other")
+    lease = Lease.objects.get(pk=placed.lease.pk)
+    s.plain(s.LeaseDetailSerializer, lease)  # compiled here, if no earlier test did
+    cached_groups = Lease.objects.prefetch_related("groups").get(pk=lease.pk)  # groups read before the patch
+    with patch.object(SQLCompiler, "as_sql", side_effect=AssertionError("compiled again")):
+        answer = s.plain(s.LeaseDetailSerializer, cached_groups)
+    rows = lease.reservations.select_related("lease").order_by("start", "rid")
+    assert answer["reservations"] == s.plain(s.ReservationSerializer, rows, many=True) != []
+    assert answer["reservations"][0]["lease_name"] == "placed"
+    assert answer["history"] == s.plain(s.LeaseEventSerializer, lease.events.all(), many=True) != []
+    reports = PlacementReport.objects.filter(subject=f"lease:{lease.pk}").order_by("created_at", "id")
+    assert answer["placement_reports"] == s.plain(s.ReportBriefSerializer, reports, many=True) != []
+    assert other.lease.pk not in {r["lease"] for r in answer["reservations"]}
