@@ -233,7 +233,7 @@ class PlacementReport(models.Model):
             # a thousand parameters that Django prepares one by one (a few ms a report read at 1,000 nodes),
             # from a statement compiled once (slotkeeper/statements.py).
             alias = router.db_for_read(Node)
-            every = statements.template(alias, "fleet.node_names", lambda: names.order_by()).rows(alias)
+            every = statements.template(alias, "fleet.node_names", _node_names).rows(alias)
             return reports.decode(self.verdicts, dict(every))
         return reports.decode(self.verdicts, dict(names.filter(pk__in=ids)) if ids else {})
 
@@ -252,3 +252,7 @@ class PlacementReport(models.Model):
 
     def verdict_for(self, node_name: str) -> dict | None:
         return next((v for v in self.rows if v["node"] == node_name), None)
+
+
+def _node_names():
+    return Node.objects.values_list("pk", "name").order_by()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from django.db import router
 from django.db.models import Sum
 
 from fleet import affinity
@@ -20,7 +19,7 @@ LIVE = [s.value for s in LIVE_INSTANCE_STATES]
 
 def get_lease(lease_id: int) -> Lease:
     try:
-        return Lease.objects.get(pk=lease_id)
+        return lease_row(lease_id)
     except Lease.DoesNotExist:
         raise NotFound(f"lease {lease_id} does not exist") from None
 
@@ -29,8 +28,7 @@ def lease_row(lease_id: int) -> Lease:
     """`Lease.objects.get(pk=lease_id)` from a statement compiled once (slotkeeper/statements.py): a lease
     request reads its row once decided, and the queryset's building was most of that read. Raises
     Lease.DoesNotExist as get() does."""
-    alias = router.db_for_read(Lease)
-    found = statements.template(alias, "leases.by_id", _lease_by_id, -1).models(Lease, alias, lease_id)
+    found = statements.instances(Lease, "leases.by_id", _lease_by_id, -1, lease_id)
     if not found:
         raise Lease.DoesNotExist(f"lease {lease_id} does not exist")
     return found[0]
@@ -42,10 +40,7 @@ def _lease_by_id(lease_id: int):
 
 def first_report(subject: str) -> PlacementReport | None:
     """The first placement report about `subject`, from a statement compiled once (as `lease_row`)."""
-    alias = router.db_for_read(PlacementReport)
-    found = statements.template(alias, "reports.first", _first_report, "\x00subject").models(
-        PlacementReport, alias, subject
-    )
+    found = statements.instances(PlacementReport, "reports.first", _first_report, "\x00subject", subject)
     return found[0] if found else None
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from django.db import connections
+from django.db import connections, router
 from django.db.models import Model, QuerySet
 
 Statement = tuple[str, tuple]
@@ -108,6 +108,15 @@ def template(alias: str, name: str, build: Callable[..., QuerySet], *markers: An
             attnames = tuple(column.target.attname for column in columns)
         got = _templates[(alias, name)] = Template(sql, params, tuple(slots), converters, attnames)
     return got
+
+
+def instances(
+    model: type[Model], name: str, build: Callable[[Any], QuerySet], marker: Any, value: Any
+) -> list:
+    """The instances of `model` that `build(value)` would give, through the template `name` compiled for the
+    database the router reads `model` from."""
+    alias = router.db_for_read(model)
+    return template(alias, name, build, marker).models(model, alias, value)
 
 
 def _plain(value: Any) -> Any:

@@ -328,25 +328,19 @@ class LeaseDetailSerializer(LeaseSerializer):
     # answer is read on every full answer to a lease request, and building its querysets was a part of each.
 
     def get_reservations(self, lease) -> list[dict]:
-        alias = router.db_for_read(Reservation)
-        rows = statements.template(alias, "leases.reservations_of", _reservations_of, -1).models(
-            Reservation, alias, lease.pk
-        )
+        rows = statements.instances(Reservation, "leases.reservations_of", _reservations_of, -1, lease.pk)
         for row in rows:
             row.lease = lease  # what select_related("lease") gave: the name and type the rows show
         return plain(ReservationSerializer, rows, many=True)
 
     def get_history(self, lease) -> list[dict]:
-        alias = router.db_for_read(LeaseEvent)
-        rows = statements.template(alias, "leases.events_of", _events_of, -1).models(
-            LeaseEvent, alias, lease.pk
-        )
+        rows = statements.instances(LeaseEvent, "leases.events_of", _events_of, -1, lease.pk)
         return plain(LeaseEventSerializer, rows, many=True)
 
     def get_placement_reports(self, lease) -> list[dict]:
-        alias = router.db_for_read(PlacementReport)
-        reports = statements.template(alias, "reports.about", _reports_about, "\x00subject").models(
-            PlacementReport, alias, f"lease:{lease.pk}"
+        subject = f"lease:{lease.pk}"
+        reports = statements.instances(
+            PlacementReport, "reports.about", _reports_about, "\x00subject", subject
         )
         return plain(ReportBriefSerializer, reports, many=True)
 

@@ -9,6 +9,7 @@ from django.db.models import Count
 from django.utils import timezone
 
 from fleet import actions as fleet_actions
+from fleet.models import Node
 from leases.api import serializers as s
 from leases.instances.actions import nodes as node_actions
 from leases.instances.actions import periodic
@@ -92,6 +93,17 @@ def test_a_too_large_vm_names_the_largest_node(operator, fleet):
     response = submit(operator, nodes=[vm(), vm(mem=10_000)])
     assert response.status_code == 400
     assert "largest node (n1, 8192 MiB allocatable)" in response.json()["nodes"]["1"]
+
+
+def test_a_dead_nodes_size_does_not_count_and_a_live_one_does_at_once(operator, fleet, register_node):
+    """The size check reads the live fleet's shapes every request (a compiled statement, no cache): a node
+    registered counts at the next request, a dead one no longer does."""
+    assert submit(operator, nodes=[vm(mem=20_000)]).status_code == 400
+    big, _ = register_node(name="big", mem_total_mib=40_000, cpu_cores=8)
+    assert submit(operator, nodes=[vm(mem=20_000)]).status_code == 201
+    Node.objects.filter(pk=big.pk).update(status="dead")
+    response = submit(operator, nodes=[vm(mem=20_000)])
+    assert response.status_code == 400 and "largest node (n1," in response.json()["nodes"]["0"]
 
 
 def test_viewers_read_but_cannot_submit_or_cancel(viewer, operator, fleet):
