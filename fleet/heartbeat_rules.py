@@ -17,6 +17,7 @@ from typing import Any
 # database columns hold (PostgreSQL `integer`: 2^31 - 1). The serializers take them from here.
 MAX_MEM_MIB = 64 * 1024 * 1024
 MAX_DISK_GIB = 1024 * 1024
+MAX_CPU_CORES = 4096
 # A load average or free disk beyond these is a broken agent, not a machine; 1e308 was shown on the board.
 MAX_LOAD1 = 100_000
 
@@ -24,7 +25,7 @@ NUMBERS = ("mem_total_mib", "mem_used_mib", "disk_free_gib", "cpu_pct", "load1")
 FIELDS = frozenset((*NUMBERS, "instances"))
 
 
-def _whole(value: Any, low: int, high: int) -> int | None:
+def whole(value: Any, low: int, high: int) -> int | None:
     # StrictIntegerField: a JSON integer or an integral float, never a bool.
     if isinstance(value, bool):
         return None
@@ -37,7 +38,7 @@ def _whole(value: Any, low: int, high: int) -> int | None:
     return value
 
 
-def _number(value: Any, low: float, high: float) -> float | None:
+def number(value: Any, low: float, high: float) -> float | None:
     # StrictFloatField: a finite JSON number, never a bool; the serializer returns it as a float.
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
@@ -57,11 +58,11 @@ def plain_report(body: Any) -> dict | None:
         return None
     if body.get("instances", []) != [] or not isinstance(body.get("instances", []), list):
         return None
-    total = _whole(body.get("mem_total_mib"), 1, MAX_MEM_MIB)
-    used = _whole(body.get("mem_used_mib"), 0, MAX_MEM_MIB)
-    disk = _number(body.get("disk_free_gib"), 0, MAX_DISK_GIB)
-    cpu = _number(body.get("cpu_pct"), 0, 100)
-    load1 = _number(body.get("load1"), 0, MAX_LOAD1)
+    total = whole(body.get("mem_total_mib"), 1, MAX_MEM_MIB)
+    used = whole(body.get("mem_used_mib"), 0, MAX_MEM_MIB)
+    disk = number(body.get("disk_free_gib"), 0, MAX_DISK_GIB)
+    cpu = number(body.get("cpu_pct"), 0, 100)
+    load1 = number(body.get("load1"), 0, MAX_LOAD1)
     if total is None or used is None or disk is None or cpu is None or load1 is None or used > total:
         return None
     return {

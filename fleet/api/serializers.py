@@ -8,7 +8,7 @@ from rest_framework import serializers
 
 from fleet import nodestate
 from fleet.capacity import ReasonCode
-from fleet.heartbeat_rules import MAX_DISK_GIB, MAX_LOAD1, MAX_MEM_MIB
+from fleet.heartbeat_rules import MAX_CPU_CORES, MAX_DISK_GIB, MAX_LOAD1, MAX_MEM_MIB
 from fleet.models import Node, PlacementReport
 from slotkeeper.fields import (
     INT32_MAX,
@@ -22,7 +22,6 @@ from slotkeeper.serializers import StrictSerializer
 
 # The physical bounds of one machine live with the heartbeat's pure rules, which check the common heartbeat
 # without this module (fleet/heartbeat_rules.py); the same numbers bound every serializer here.
-MAX_CPU_CORES = 4096
 MAX_LOG_LINE = 4000
 # A drain's moves at once, in the API and the console's drain form alike.
 MAX_PARALLEL_MOVES = 1000

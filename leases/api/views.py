@@ -85,9 +85,7 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
     )
     def create(self, request):
         now = timezone.now()  # the request's arrival: validated against, and submitted with
-        ser = s.LeaseCreateSerializer(data=request.data, context={"now": now})
-        ser.is_valid(raise_exception=True)
-        spec = actions.LeaseSpec.from_request(ser.validated_data)
+        spec = actions.LeaseSpec.from_request(s.validated_lease(request.data, now))
         result = actions.do_submit_lease(request.user, spec, now=now)
         minimal = prefers_minimal(request)
         if not result.decision.accepted:

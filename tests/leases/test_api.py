@@ -95,6 +95,35 @@ def test_a_too_large_vm_names_the_largest_node(operator, fleet):
     assert "largest node (n1, 8192 MiB allocatable)" in response.json()["nodes"]["1"]
 
 
+def test_a_plain_request_is_checked_without_building_its_serializer_and_a_refusal_is_worded_by_it(
+    operator, fleet, monkeypatch
+):
+    """leases/request_rules.py decides the plain shape; the serializer only words what is refused (here by the
+    fleet: a VM larger than every node, a group that does not exist) or what that shape leaves undecided."""
+    built = []
+    init = s.LeaseCreateSerializer.__init__
+
+    def counting(self, *args, **kwargs):
+        built.append(kwargs.get("data"))
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(s.LeaseCreateSerializer, "__init__", counting)
+    start = (timezone.now() + timedelta(hours=3)).isoformat()
+    assert submit(operator).status_code == 201
+    assert submit(operator, type="advance_reservation", start=start, capabilities=[]).status_code == 201
+    assert built == []
+    response = submit(operator, nodes=[vm(), vm(mem=10_000)])
+    assert response.status_code == 400
+    assert response.json() == {
+        "nodes": {"1": "mem_mib 10000 exceeds the largest node (n1, 8192 MiB allocatable)"}
+    }
+    response = submit(operator, groups=["nowhere"])
+    assert response.status_code == 400 and response.json() == {"groups": ["Unknown group(s): nowhere."]}
+    assert submit(operator, restart_policy={"max_restarts": 2}).status_code == 201  # not the plain shape
+    assert len(built) == 3
+    assert Lease.objects.count() == 3
+
+
 def test_a_dead_nodes_size_does_not_count_and_a_live_one_does_at_once(operator, fleet, register_node):
     """The size check reads the live fleet's shapes every request (a compiled statement, no cache): a node
     registered counts at the next request, a dead one no longer does."""
