@@ -5,9 +5,9 @@ copy of its declared fields, the nested vnode serializer's among them) was about
 Daphne time (docs/BENCHMARKS.md, "A lease request's body checked without building its serializer"). Most
 requests are the plain shape: a name, a type, a duration, a few VMs, perhaps capabilities, groups and flags. This
 module checks that shape by the serializer's own bounds and returns the serializer's validated data, in the
-serializer's key order and types; anything else (a restart policy, a driver spec, the process driver, a name
-with surrounding spaces, any refusal) returns None, "not decided here", and the serializer decides and words
-its refusal. Nothing here ever refuses a body. The fleet checks (a VM larger than every node, unknown groups)
+serializer's key order and types; anything else (a restart policy, a driver spec, the process driver, a
+capability or group with spaces to trim, any refusal) returns None, "not decided here", and the serializer
+decides and words its refusal. Nothing here ever refuses a body. The fleet checks (a VM larger than every node, unknown groups)
 need the database and stay in leases/api/serializers.py, shared by both ways.
 
 tests/leases/test_request_rules.py holds the two to the same answers over a table of ordinary and hostile bodies

@@ -150,7 +150,7 @@ def validated_lease(data, now):
         try:
             check_against_fleet(plain)
         except serializers.ValidationError:
-            pass  # refused: the serializer says so in its own shape ({"nodes": {"0": [...]}})
+            pass  # refused: the serializer runs the same check and words the 400 as it always has
         else:
             return plain
     ser = LeaseCreateSerializer(data=data, context={"now": now})
