@@ -288,9 +288,7 @@ def decode(
     before reports were compact is returned as it is.
 
     Column by column rather than field by field per node, and each distinct sentence written once: most of a
-    fleet's refusals repeat a few (code, figures) pairs, and a 1,000-node report is decoded on every preview. Rows
-    with the same figures share one `numbers` dict (a fifth of the decoding was building them again): the rows are
-    read-only, as every reader (the API, the console, the admin) treats them."""
+    fleet's refusals repeat a few (code, figures) pairs, and a 1,000-node report is decoded on every preview."""
     if not is_compact(stored):
         return list(stored or ())
     b = {k: _unpacked(v) if k in _PACKED else v for k, v in stored.items()}
@@ -316,7 +314,6 @@ def decode(
         for k, node in zip(index, nodes, strict=True)
     ]
     said: dict[tuple, str] = {}
-    shown: dict[tuple, dict[str, Any]] = {}
     rows = []
     for node, dim, want, c, held, fr, al, rank, note, room in zip(
         nodes, dims, wanted, code, b["holds"], free, alloc, b["rank"], notes, headroom, strict=True
@@ -328,18 +325,7 @@ def decode(
             reason = said.get(key)
             if reason is None:
                 reason = said[key] = sentence(c, dim, want, fr, al, blocked, window)
-        figures = (dim, want, fr, al)
-        numbers = shown.get(figures)
-        if numbers is None:
-            cpu = dim == "cpu"
-            numbers = shown[figures] = {
-                "dimension": dim,
-                "need": round(want / 100, 2) if cpu else want,
-                "free": round(fr / 100, 2) if cpu else fr,
-                "allocatable": (round(al / 100, 2) if cpu else al) if al >= 0 else None,
-                "window_start": window[0],
-                "window_end": window[1],
-            }
+        cpu = dim == "cpu"
         rows.append(
             {
                 "node": name if (name := names.get(node)) is not None else f"node {node}",
@@ -353,7 +339,14 @@ def decode(
                 "chosen": node in chosen,
                 "headroom": room,
                 "blockers": blocked,
-                "numbers": numbers,
+                "numbers": {
+                    "dimension": dim,
+                    "need": round(want / 100, 2) if cpu else want,
+                    "free": round(fr / 100, 2) if cpu else fr,
+                    "allocatable": (round(al / 100, 2) if cpu else al) if al >= 0 else None,
+                    "window_start": window[0],
+                    "window_end": window[1],
+                },
             }
         )
     rows.sort(key=_rank_order)
