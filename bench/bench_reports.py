@@ -47,6 +47,7 @@ measured submissions are counted and timed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import gc
 import json
@@ -186,7 +187,6 @@ class Probe:
         from fleet import reports
         from fleet.models import PlacementReport
         from leases import store
-        from leases.models import Lease
         from leases.scheduler import Scheduler
         from leases.slots.arrays import NodeArrays
         from leases.slottable import SlotTable
@@ -201,6 +201,9 @@ class Probe:
         self._writes_many = hasattr(store, "insert_many")
         self._insert_many = store.insert_many if self._writes_many else PlacementReport.objects.bulk_create
         self.pending: tuple | None = None
+        self.deferred: list[tuple] = []
+        self.pipelines = hasattr(store, "pipelined")
+        self._pipelined = getattr(store, "pipelined", None)
         self.last_call: tuple | None = None
         probe = self
 
@@ -219,8 +222,6 @@ class Probe:
 
         def placement_report(plan, lease_id, **kwargs):
             # The build: the pass calls this once per decided request (store._plan_intents).
-            lease = Lease.objects.get(pk=lease_id)  # for the old format, not timed
-            lease.message = kwargs.get("message", "")
             s = probe.sample
             s.explain_ms = s.encode_ms = s.arrays_ms = s.gather_ms = s.blockers_ms = 0.0
             t, c = time.perf_counter(), time.thread_time()
@@ -230,7 +231,7 @@ class Probe:
             finally:
                 probe.building = False
             s.new_ms, s.new_cpu_ms = 1000 * (time.perf_counter() - t), 1000 * (time.thread_time() - c)
-            probe.pending = (plan, lease, row)
+            probe.pending = (plan, lease_id, kwargs.get("message", ""), row)
             return row
 
         def insert_many(objs, *args, **kwargs):
@@ -238,16 +239,27 @@ class Probe:
             objs = list(objs)
             t, c = time.perf_counter(), time.thread_time()
             out = probe._insert_many(objs, *args, **kwargs)
-            if probe.pending is not None and any(o is probe.pending[2] for o in objs):
-                plan, lease, row = probe.pending
+            if probe.pending is not None and any(o is probe.pending[3] for o in objs):
+                plan, lease_id, message, row = probe.pending
                 probe.pending = None
                 s = probe.sample
                 s.new_ms += 1000 * (time.perf_counter() - t)
                 s.new_cpu_ms += 1000 * (time.thread_time() - c)
                 s.new_kib = len(json.dumps(row.verdicts)) / 1024
                 s.outcome = row.outcome
-                probe.old_format(plan, lease)
+                probe.deferred.append((plan, lease_id, message))
+                if not probe.pipelines:
+                    probe.after_pipeline()
             return out
+
+        @contextlib.contextmanager
+        def pipelined():
+            # Since 2026-12-03 (eighteenth session) the pass writes its reports inside bulk.pipelined(), where
+            # no other statement may run: the baseline's read and write wait until the block is left (the plan
+            # no longer changes there).
+            with probe._pipelined():
+                yield
+            probe.after_pipeline()
 
         Scheduler.explain = explain  # type: ignore[method-assign]
         reports.encode = encode
@@ -260,6 +272,8 @@ class Probe:
             (SlotTable, naming, "blockers_ms"),
         ):
             setattr(owner, name, self._part(getattr(owner, name), part))
+        if self.pipelines:
+            store.pipelined = pipelined
         if self._writes_many:
             store.insert_many = insert_many
         else:
@@ -280,6 +294,16 @@ class Probe:
                 setattr(probe.sample, part, getattr(probe.sample, part) + 1000 * (time.thread_time() - t))
 
         return timed
+
+    def after_pipeline(self) -> None:
+        """The baseline of each report written since the last call, with its lease read (not timed)."""
+        from leases.models import Lease
+
+        for plan, lease_id, message in self.deferred:
+            lease = Lease.objects.get(pk=lease_id)
+            lease.message = message
+            self.old_format(plan, lease)
+        self.deferred.clear()
 
     def old_format(self, plan, lease) -> None:
         """The report as a dict per node, from the same request over the same window (see the docstring)."""
