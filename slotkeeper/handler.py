@@ -1,4 +1,4 @@
-"""Django's ASGI handler with the middleware stack entered once per request, synchronously.
+"""Django's ASGI handler with the middleware stack entered once per request, synchronously, on a kept thread.
 
 Django runs an async-capable stack under ASGI, and its own middleware (security, sessions, common, CSRF,
 authentication, messages, clickjacking) are `MiddlewareMixin`s: each `process_request` and `process_response`
@@ -7,19 +7,85 @@ handler builds the stack as the WSGI and test-client handlers do, sync from end 
 hop: the same middleware in the same order, 3 hand-offs (two are Django's request signals; docs/BENCHMARKS.md,
 "Lease requests over HTTP: one hand-off per request"). Every view of ours is sync; an async one would still work, through
 Django's own `async_to_sync` around it.
+
+Those hand-offs go to one thread per request, as Django's handler sends them (the view's database connection
+lives there and `request_finished` closes it there). Django's handler starts a new thread for every request and
+joins it after; here the request's thread is taken from the ones earlier requests left idle and given back after,
+as a WSGI server's worker threads are: starting and joining a thread was 5-8 % of a Daphne's time under a burst
+of lease requests (docs/BENCHMARKS.md, "A request's thread kept for the next one").
 """
 
 from __future__ import annotations
 
-from asgiref.sync import sync_to_async
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.core.handlers.asgi import ASGIHandler
+
+# Idle request threads kept per process; past that a finished request's thread ends, as every thread did before.
+# Peak concurrency decides how many are made; this only bounds how many wait for the next burst.
+KEPT_THREADS = 64
+
+
+class RequestThread(ThreadPoolExecutor):
+    """One thread that runs a request's sync work in order (asgiref's thread-sensitive executor), reusable."""
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=1, thread_name_prefix="request")
+        self._last: Future | None = None
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        future = super().submit(fn, *args, **kwargs)
+        self._last = future
+        return future
+
+    @property
+    def idle(self) -> bool:
+        # One worker, first in first out: once the last call submitted is done, every earlier one is.
+        return self._last is None or self._last.done()
+
+
+class RequestThreads:
+    """Idle request threads, the most recently used first. Used only from the event loop's thread."""
+
+    def __init__(self, keep: int = KEPT_THREADS) -> None:
+        self.keep = keep
+        self._idle: list[RequestThread] = []
+
+    def take(self) -> RequestThread:
+        return self._idle.pop() if self._idle else RequestThread()
+
+    def give_back(self, thread: RequestThread) -> None:
+        # A request whose client went away can leave its view running on the thread (asgiref cannot stop it):
+        # such a thread is not handed to the next request, which would wait behind it; it ends when it is done.
+        if thread.idle and len(self._idle) < self.keep:
+            self._idle.append(thread)
+        else:
+            thread.shutdown(wait=False)
+
+    def __len__(self) -> int:
+        return len(self._idle)
 
 
 class OneHopASGIHandler(ASGIHandler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads = RequestThreads()
+
     def load_middleware(self, is_async: bool = False) -> None:
         super().load_middleware(is_async=False)
 
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":  # as Django's handler
+            raise ValueError(f"Django can only handle ASGI/HTTP connections, not {scope['type']}.")
+        thread = self.threads.take()
+        try:
+            async with ThreadSensitiveContext(executor=thread):
+                await self.handle(scope, receive, send)
+        finally:
+            self.threads.give_back(thread)
+
     async def get_response_async(self, request):
-        # thread_sensitive: the request's one thread (Daphne gives each request a context of its own), where the
-        # view's database connection lives and is closed by request_finished.
+        # thread_sensitive: the request's one thread, where the view's database connection lives and is closed by
+        # request_finished.
         return await sync_to_async(self.get_response, thread_sensitive=True)(request)

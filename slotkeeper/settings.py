@@ -123,8 +123,10 @@ TEMPLATES = [
 ]
 
 DATABASE_URL = os.environ.get("DATABASE_URL", f"sqlite:///{BASE_DIR / 'slotkeeper.sqlite3'}")
-# Daphne runs each sync view on a fresh thread, so persistent connections (CONN_MAX_AGE > 0) pile up one per thread
-# until PostgreSQL refuses more ("too many clients": 38 % of heartbeats failed that way under load, measured).
+# Daphne runs each request's sync view on a thread of its own (kept idle for a later request, up to
+# slotkeeper/handler.py KEPT_THREADS, and made anew past that), so persistent connections (CONN_MAX_AGE > 0) pile
+# up one per thread until PostgreSQL refuses more ("too many clients": 38 % of heartbeats failed that way under
+# load, measured, when every request had a new thread).
 # On PostgreSQL the pool below keeps connections instead; without it (DB_POOL=0) DB_CONN_MAX_AGE may be raised.
 DATABASES = {
     "default": dj_database_url.parse(DATABASE_URL, conn_max_age=int(os.environ.get("DB_CONN_MAX_AGE", "0")))

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 
 import pytest
 from asgiref import sync
 from django.db import connection
 
 from slotkeeper.asgi import django_asgi_app
-from slotkeeper.handler import OneHopASGIHandler
+from slotkeeper.handler import OneHopASGIHandler, RequestThreads
 from slotkeeper.management.commands.issue_token import issue
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -106,3 +107,89 @@ def test_probes_unknown_paths_and_unauthenticated_requests_answer_as_before(hops
     assert hops["n"] <= 3
     assert asyncio.run(call("/api/alerts/"))[0] == 401
     assert asyncio.run(call("/api/no-such-thing/"))[0] == 404
+
+
+@pytest.fixture
+def threads_seen(monkeypatch):
+    """The thread each part of a request ran on: the request_started receiver, the stack, request_finished."""
+    from django.core import signals
+
+    seen: list[tuple[str, int]] = []
+    handler = django_asgi_app.application
+    stack = handler.get_response
+
+    def get_response(request):
+        seen.append(("stack", threading.get_ident()))
+        return stack(request)
+
+    def started(**kwargs):
+        seen.append(("started", threading.get_ident()))
+
+    def finished(**kwargs):
+        seen.append(("finished", threading.get_ident()))
+
+    monkeypatch.setattr(handler, "get_response", get_response)
+    signals.request_started.connect(started)
+    signals.request_finished.connect(finished)
+    yield seen
+    signals.request_started.disconnect(started)
+    signals.request_finished.disconnect(finished)
+
+
+def test_a_request_runs_on_one_thread_which_the_next_request_reuses(threads_seen):
+    async def two_in_turn():
+        return [await call("/healthz"), await call("/healthz")]
+
+    assert [status for status, _, _ in asyncio.run(two_in_turn())] == [200, 200]
+    assert [part for part, _ in threads_seen] == ["started", "stack", "finished"] * 2
+    # Every part of both requests on one thread: the first request's, kept idle and taken by the second (Django's
+    # own handler starts a new thread for every request and joins it after).
+    assert len({ident for _, ident in threads_seen}) == 1
+    assert threads_seen[0][1] != threading.get_ident()  # not the event loop's
+
+
+def test_requests_at_once_each_have_a_thread_of_their_own(threads_seen, token):
+    async def three_at_once():
+        auth = [(b"authorization", f"Bearer {token}".encode())]
+        return await asyncio.gather(*(call("/api/alerts/", headers=auth) for _ in range(3)))
+
+    handler = django_asgi_app.application
+    assert [status for status, _, _ in asyncio.run(three_at_once())] == [200, 200, 200]
+    stacks = [ident for part, ident in threads_seen if part == "stack"]
+    assert len(stacks) == 3
+    # Each request's parts on its own thread; the parts of one request never split across threads.
+    for ident in stacks:
+        assert [part for part, i in threads_seen if i == ident] == ["started", "stack", "finished"]
+    assert len(set(stacks)) == 3
+    assert len(handler.threads) >= 3  # all three given back, idle
+
+
+def test_a_thread_still_running_a_request_is_not_given_to_the_next():
+    threads = RequestThreads(keep=2)
+    busy = threads.take()
+    release = threading.Event()
+    running = busy.submit(release.wait, 10)  # a view still running after its client went away
+    threads.give_back(busy)
+    assert len(threads) == 0
+    assert threads.take() is not busy
+    release.set()
+    assert running.result(timeout=5) is True  # it was left to finish, not cut short
+
+    idle = threads.take()
+    idle.submit(lambda: None).result(timeout=5)
+    threads.give_back(idle)
+    assert len(threads) == 1 and threads.take() is idle
+
+
+def test_idle_threads_are_kept_up_to_the_bound():
+    threads = RequestThreads(keep=2)
+    taken = [threads.take() for _ in range(4)]
+    for thread in taken:
+        thread.submit(lambda: None).result(timeout=5)
+        threads.give_back(thread)
+    assert len(threads) == 2
+    # The ones past the bound were shut down: they take no more work.
+    with pytest.raises(RuntimeError):
+        taken[-1].submit(lambda: None)
+    # The most recently given back is taken first (its thread is the one most likely still warm).
+    assert threads.take() is taken[1]
