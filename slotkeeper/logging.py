@@ -19,7 +19,12 @@ def new_request_id() -> str:
 
 class RequestIdFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        record.request_id = request_id_var.get()
+        rid = request_id_var.get()
+        if rid == "-":
+            # Django logs a 4xx or 5xx answer ("Bad Request: /api/leases/") after the middleware returned, when the
+            # request's id is no longer current: the request it logs carries it.
+            rid = getattr(getattr(record, "request", None), "request_id", "-")
+        record.request_id = rid
         return True
 
 
@@ -71,4 +76,7 @@ class RequestIdMiddleware(DualModeMiddleware):
 
     def _begin(self, request) -> tuple[str, contextvars.Token[str]]:
         rid = request.headers.get("X-Request-ID", "")[:64] or new_request_id()
+        request.request_id = (
+            rid  # for the lines Django writes about the request after the middleware returned
+        )
         return rid, request_id_var.set(rid)

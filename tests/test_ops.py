@@ -44,6 +44,7 @@ def test_the_request_id_travels_into_celery_tasks_and_onto_every_log_line():
     from slotkeeper.celery import adopt_request_id, carry_request_id
     from slotkeeper.logging import JsonFormatter, RequestIdFilter, request_id_var
 
+    outer = request_id_var.set("-")  # reset at the end: the worker's adoption below sets it for the task
     token = request_id_var.set("req-42")
     headers: dict = {}
     carry_request_id(headers=headers)
@@ -56,6 +57,21 @@ def test_the_request_id_travels_into_celery_tasks_and_onto_every_log_line():
     RequestIdFilter().filter(record)
     line = json.loads(JsonFormatter().format(record))
     assert (line["request_id"], line["msg"], line["level"]) == ("req-42", "tick done", "info")
+    request_id_var.reset(outer)
+
+
+def test_the_line_django_writes_about_a_refused_request_carries_its_request_id(caplog, operator):
+    import logging
+
+    from slotkeeper.logging import RequestIdFilter
+
+    with caplog.at_level(logging.WARNING, logger="django.request"):
+        response = operator.post("/api/leases/", {"name": ""}, format="json")
+    assert response.status_code == 400
+    (record,) = [r for r in caplog.records if r.name == "django.request"]
+    assert record.getMessage() == "Bad Request: /api/leases/"
+    RequestIdFilter().filter(record)  # what every handler of ours runs before it writes the line
+    assert record.request_id == response["X-Request-ID"] != "-"
 
 
 def test_every_response_carries_a_request_id_and_honours_the_callers():
