@@ -1,0 +1,80 @@
+"""Daphne leaves POST bodies to the application (slotkeeper/serving.py): Twisted no longer parses a form body on the
+event loop before anyone is authenticated, nor answers one it cannot parse with a 400 of its own."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+from daphne import http_protocol
+
+from slotkeeper.serving import RawBodyRequest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def daphne(tmp_path_factory):
+    """A real Daphne serving the project's ASGI application (the probes need no database)."""
+    tmp = tmp_path_factory.mktemp("serving")
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"sqlite:///{tmp / 'db.sqlite3'}",
+        "SECRET_KEY": "test-only",
+        "EMBEDDED_LOOP": "0",
+        "ALLOWED_HOSTS": "127.0.0.1",
+        "LOG_LEVEL": "WARNING",
+    }
+    port = free_port()
+    log = (tmp / "daphne.log").open("ab")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "slotkeeper.asgi:application"],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=log,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if requests.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            except requests.RequestException:
+                time.sleep(0.2)
+        else:
+            raise AssertionError(f"Daphne did not start: {(tmp / 'daphne.log').read_text()[-2000:]}")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_form_body_twisted_cannot_parse_reaches_the_application(daphne):
+    # Twisted parsed this as multipart and, failing, answered a bare 400 and hung up before Django had the request.
+    response = requests.post(
+        f"{daphne}/api/leases/",
+        data=b"not a multipart body",
+        headers={"Content-Type": "multipart/form-data; boundary=xx"},
+        timeout=10,
+    )
+    assert response.status_code == 401  # Django's answer to a request without credentials
+    assert response.headers["X-Request-ID"]  # through the middleware, not Twisted's own 400
+
+
+def test_daphne_builds_its_requests_as_raw_body_requests():
+    import slotkeeper.asgi  # noqa: F401  (what Daphne imports before it listens)
+
+    assert http_protocol.WebRequest is RawBodyRequest
