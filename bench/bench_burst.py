@@ -287,6 +287,7 @@ class Burst:
     elapsed: float = 0.0
     cpu_s: float = 0.0
     floor_per_s: float = 0.0  # the same servers' GET /healthz rate (the http variant only)
+    passes: int = 0  # planning passes committed during the burst (the http variant only)
 
     def merge(self, other: Burst) -> None:
         self.answers.update(other.answers)
@@ -309,6 +310,8 @@ class Burst:
                 f"\n  {'':<16} the same servers' /healthz {self.floor_per_s:,.0f}/s: lease requests at "
                 f"{share:.3f} of it, {'PASS' if share >= TARGET_SHARE else 'FAIL'} (target >= {TARGET_SHARE:g})"
             )
+        if self.passes:
+            out += f"\n  {'':<16} {self.passes:,} planning passes, {n / self.passes:.1f} requests a pass on average"
         return out
 
 
@@ -542,6 +545,12 @@ async def http_burst(
     return burst
 
 
+def plan_version() -> int:
+    from leases.models import SchedulerState
+
+    return SchedulerState.objects.filter(pk=1).values_list("version", flat=True).first() or 0
+
+
 def over_http(
     database_url: str, asks: list[Ask], token: str, processes: int, connections: int, minimal: bool = False
 ) -> Burst:
@@ -554,9 +563,12 @@ def over_http(
         # The floor first, on the same processes and connections: what these servers answer when a request
         # does nothing (the issue's yardstick for lease requests a second).
         floor = asyncio.run(http_load(ports, [HEALTHZ], connections, FLOOR_S))
-        cpu = sum(sum(p.cpu_times()[:2]) for p in procs)
+        cpu, version = sum(sum(p.cpu_times()[:2]) for p in procs), plan_version()
         burst = asyncio.run(http_burst(ports, asks, token, connections, minimal))
         burst.cpu_s = sum(sum(p.cpu_times()[:2]) for p in procs) - cpu
+        # The batch the group commit made of the burst: each pass bumps the version once (the tick's too, every
+        # few seconds, so a long burst's average is a little low).
+        burst.passes = plan_version() - version
         burst.floor_per_s = floor.per_s
     finally:
         for proc, _ in started:

@@ -5,6 +5,7 @@ import uuid
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 
+import pytest
 from django.utils.translation import gettext_lazy
 from rest_framework.renderers import JSONRenderer
 from rest_framework.utils.serializer_helpers import ReturnDict
@@ -38,3 +39,23 @@ def test_an_indented_answer_and_a_value_orjson_refuses_are_left_to_drf():
         huge, "application/json"
     )
     assert FastJSONRenderer().render(None) == b""
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "plain ascii",
+        "an en dash – shares U+2028's first byte",
+        "café © è: bytes 0xA8 and 0xA9 without a separator",
+        "only\u2028a line separator",
+        "only\u2029a paragraph separator",
+        "\u2028\u2029 both, and – a dash",
+        "",
+    ],
+)
+def test_line_separators_are_escaped_exactly_when_present(text):
+    data = {"reason": text, "rows": [{"node": "n1", "reason": text}]}
+    fast = FastJSONRenderer().render(data, "application/json")
+    assert fast == JSONRenderer().render(data, "application/json")
+    assert "\u2028".encode() not in fast and "\u2029".encode() not in fast
+    assert json.loads(fast) == data
