@@ -566,8 +566,8 @@ def over_http(
         cpu, version = sum(sum(p.cpu_times()[:2]) for p in procs), plan_version()
         burst = asyncio.run(http_burst(ports, asks, token, connections, minimal))
         burst.cpu_s = sum(sum(p.cpu_times()[:2]) for p in procs) - cpu
-        # The batch the group commit made of the burst: each pass bumps the version once (the tick's too, every
-        # few seconds, so a long burst's average is a little low).
+        # The batch the group commit made of the burst: each pass bumps the version once (these Daphnes run no
+        # tick, so every bump is a pass that planned requests).
         burst.passes = plan_version() - version
         burst.floor_per_s = floor.per_s
     finally:

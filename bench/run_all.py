@@ -39,6 +39,7 @@ QUICK = {
     "bench_queue_pass": ["--quick"],
     "bench_retention": ["--quick"],
     "bench_bulk": ["--quick"],
+    "bench_renderer": ["--repeat", "50"],
 }
 
 
