@@ -6,7 +6,7 @@ from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from fleet import nodestate
+from fleet import nodestate, reports
 from fleet.capacity import ReasonCode
 from fleet.heartbeat_rules import MAX_CPU_CORES, MAX_DISK_GIB, MAX_LOAD1, MAX_MEM_MIB
 from fleet.models import Node, PlacementReport
@@ -319,9 +319,12 @@ class VerdictRows(serializers.ListSerializer):
     below, in JSON types), so they go out as they are: DRF's field-by-field representation of a 1,000-node
     report's rows was a third of a Daphne process's time answering `POST /api/leases/` (docs/BENCHMARKS.md, "Lease
     burst", the seventh session's run). A row of any other shape (reports stored before they were compact) goes
-    through the fields as before."""
+    through the fields as before. Rows a compact report decoded (`reports.Rows`) are all of that shape by
+    construction: the list goes out whole, without its 1,000 rows' keys compared."""
 
     def to_representation(self, data):
+        if type(data) is reports.Rows:
+            return data
         keys = frozenset(self.child.fields)
         represent = self.child.to_representation
         return [row if type(row) is dict and row.keys() == keys else represent(row) for row in data]

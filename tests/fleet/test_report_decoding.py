@@ -135,3 +135,25 @@ def test_free_and_allocatable_figures_are_packed_when_they_repeat_and_older_list
     names = {n: f"n{n}" for n in range(1, 1001)}
     before = dict(stored, free=[v.free for v in verdicts], alloc=[v.allocatable for v in verdicts])
     assert reports.decode(stored, names) == reports.decode(before, names) == reference_decode(before, names)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_decoded_rows_are_marked_as_the_apis_shape_and_every_row_has_exactly_its_fields(seed):
+    """The answer passes `reports.Rows` on whole, without looking at a row (fleet/api/serializers.py,
+    `VerdictRows`): that is right only while every row `decode` writes has exactly the serializer's fields. A
+    field added to one side and not the other fails here. Rows stored before reports were compact are a plain
+    list, which the serializer still looks at row by row."""
+    from fleet.api.serializers import VerdictSerializer
+
+    rng = random.Random(seed)
+    verdicts = random_verdicts(rng, rng.choice((1, 40, 300)))
+    names = {v.node: f"node-{v.node:04d}" for v in verdicts}
+    stored = orjson.loads(orjson.dumps(reports.encode(verdicts, start=1.8e9, end=1.8e9 + 60, summary="s")))
+    rows = reports.decode(stored, names)
+    assert type(rows) is reports.Rows
+    fields = set(VerdictSerializer().fields)
+    assert all(row.keys() == fields for row in rows)
+    assert VerdictSerializer(many=True).to_representation(rows) is rows
+
+    legacy = [{"node": "n1", "node_id": 1, "fit": True, "reason_code": None, "reason": None, "slots": 2}]
+    assert type(reports.decode(legacy, names)) is list
