@@ -17,10 +17,16 @@ of lease requests (docs/BENCHMARKS.md, "A request's thread kept for the next one
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from asgiref.sync import ThreadSensitiveContext, sync_to_async
-from django.core.handlers.asgi import ASGIHandler
+from django.core import signals
+from django.core.exceptions import RequestAborted
+from django.core.handlers.asgi import ASGIHandler, get_script_prefix
+from django.http import FileResponse
+from django.urls import set_script_prefix
 
 # Idle request threads kept per process; past that a finished request's thread ends, as every thread did before.
 # Peak concurrency decides how many are made; this only bounds how many wait for the next burst.
@@ -89,3 +95,70 @@ class OneHopASGIHandler(ASGIHandler):
         # thread_sensitive: the request's one thread, where the view's database connection lives and is closed by
         # request_finished.
         return await sync_to_async(self.get_response, thread_sensitive=True)(request)
+
+    async def handle(self, scope, receive, send):
+        """Django's `ASGIHandler.handle`, with the request's sync work in one hand-off instead of three.
+
+        Django sends `request_started` (one hop), runs the stack (a second) and, once the body is sent, closes the
+        response (a third, which sends `request_finished`). Each hop wakes the request's thread and then the event
+        loop, and under a burst those wake-ups were the largest single item of a Daphne's time holding the
+        interpreter lock (docs/BENCHMARKS.md, "One hand-off a request"). Here all three run in one call on the
+        request's thread: a response that is not streamed is complete once the stack returns it, so it is closed
+        there, before its bytes go out (its body stays readable), and the connection is given back just as early.
+        A streamed response is closed after sending, as Django does. A client that goes away cancels the wait as
+        in Django; the thread still closes what it started."""
+        try:
+            body_file = await self.read_body(receive)
+        except RequestAborted:
+            return
+        set_script_prefix(get_script_prefix(scope))
+        request, error_response = self.create_request(scope, body_file)
+        if request is None:  # as Django: a request that could not be built (a bad header, a body too large)
+            await signals.request_started.asend(sender=self.__class__, scope=scope)
+            body_file.close()
+            await self.send_response(error_response, send)
+            await sync_to_async(error_response.close)()
+            return
+
+        async def process_request(request, send):
+            response = await sync_to_async(self._respond, thread_sensitive=True)(scope, request)
+            with contextlib.suppress(asyncio.CancelledError):  # the client went away while the body was sent
+                await self.send_response(response, send)
+            return response
+
+        tasks = [
+            asyncio.create_task(self.listen_for_disconnect(receive)),
+            asyncio.create_task(process_request(request, send)),
+        ]
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in tasks:
+            if task.done():
+                try:
+                    task.result()
+                except RequestAborted:
+                    pass
+                except AssertionError:
+                    body_file.close()
+                    raise
+            else:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if not tasks[1].cancelled():
+            response = tasks[1].result()
+            if response.streaming:
+                await sync_to_async(response.close)()
+        # Cancelled: the request's thread runs `_respond` to its end (or never starts it), closing what it opened.
+        body_file.close()
+
+    def _respond(self, scope, request):
+        """A request's sync work, on its thread: `request_started`, the stack, and (unless the response streams)
+        the close that sends `request_finished`."""
+        signals.request_started.send(sender=self.__class__, scope=scope)
+        response = self.get_response(request)
+        response._handler_class = self.__class__
+        if isinstance(response, FileResponse):
+            response.block_size = self.chunk_size  # as Django: the server chunks
+        if not response.streaming:
+            response.close()
+        return response
