@@ -40,6 +40,7 @@ QUICK = {
     "bench_retention": ["--quick"],
     "bench_bulk": ["--quick"],
     "bench_renderer": ["--repeat", "50"],
+    "bench_decode": ["--repeat", "20"],
 }
 
 
