@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextvars import ContextVar
 
 from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.core import signals
@@ -73,6 +74,10 @@ class RequestThreads:
         return len(self._idle)
 
 
+# The thread the request being handled runs its sync work on (set by `OneHopASGIHandler.__call__`).
+_request_thread: ContextVar[RequestThread | None] = ContextVar("request_thread", default=None)
+
+
 class OneHopASGIHandler(ASGIHandler):
     def __init__(self) -> None:
         super().__init__()
@@ -85,10 +90,12 @@ class OneHopASGIHandler(ASGIHandler):
         if scope["type"] != "http":  # as Django's handler
             raise ValueError(f"Django can only handle ASGI/HTTP connections, not {scope['type']}.")
         thread = self.threads.take()
+        kept = _request_thread.set(thread)
         try:
             async with ThreadSensitiveContext(executor=thread):
                 await self.handle(scope, receive, send)
         finally:
+            _request_thread.reset(kept)
             self.threads.give_back(thread)
 
     async def get_response_async(self, request):
@@ -106,7 +113,8 @@ class OneHopASGIHandler(ASGIHandler):
         request's thread: a response that is not streamed is complete once the stack returns it, so it is closed
         there, before its bytes go out (its body stays readable), and the connection is given back just as early.
         A streamed response is closed after sending, as Django does. A client that goes away cancels the wait as
-        in Django; the thread still closes what it started."""
+        in Django, and the handler returns at once; the view runs to its end on its thread, which then closes
+        the response and the request's body."""
         try:
             body_file = await self.read_body(receive)
         except RequestAborted:
@@ -144,11 +152,18 @@ class OneHopASGIHandler(ASGIHandler):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        if not tasks[1].cancelled():
+        if tasks[1].cancelled():
+            # The client went away: the view may still be running on the request's thread (asgiref lets it finish)
+            # and read the body after this returns. The body is closed on that thread, after whatever the request
+            # left there: its one worker runs them in order. Django's handler waited for the view here instead.
+            thread = _request_thread.get()
+            if thread is not None:
+                thread.submit(body_file.close)
+                return
+        else:
             response = tasks[1].result()
             if response.streaming:
                 await sync_to_async(response.close)()
-        # Cancelled: the request's thread runs `_respond` to its end (or never starts it), closing what it opened.
         body_file.close()
 
     def _respond(self, scope, request):

@@ -250,9 +250,10 @@ def test_a_response_is_closed_on_its_thread_before_it_is_sent_and_a_streamed_one
         signals.request_finished.disconnect(finished)
 
 
-def test_a_client_gone_mid_request_leaves_its_view_to_finish_and_close_once(monkeypatch):
-    """The client hangs up while the view runs: the handler returns without waiting for it (as Django's does),
-    and the view's thread still runs to the end and sends request_finished once, on that thread."""
+def test_a_client_gone_mid_request_leaves_its_view_to_finish_read_its_body_and_close_once(monkeypatch):
+    """The client hangs up while the view runs: the handler returns without waiting for it, and the view's thread
+    still runs to the end, can still read the request's body (a lease request whose client went away is still
+    decided; it once found the body closed under it and answered 500), and sends request_finished once there."""
     from django.core import signals
 
     handler = django_asgi_app.application
@@ -260,20 +261,23 @@ def test_a_client_gone_mid_request_leaves_its_view_to_finish_and_close_once(monk
     release = threading.Event()
     finished_on: list[int] = []
     viewed_on: list[int] = []
+    bodies: list[bytes] = []
 
     def slow(request):
         viewed_on.append(threading.get_ident())
         release.wait(10)
+        bodies.append(request.body)
         return stack(request)
 
     def finished(**kwargs):
         finished_on.append(threading.get_ident())
 
     async def hang_up():
-        scope = {"type": "http", "method": "GET", "path": "/healthz", "raw_path": b"/healthz", "query_string": b"",
-                 "root_path": "", "headers": [(b"host", b"testserver")], "scheme": "http",
-                 "client": ("127.0.0.1", 1), "server": ("testserver", 80)}  # fmt: skip
-        messages = [{"type": "http.request", "body": b"", "more_body": False}]
+        body = b'{"name": "gone"}'
+        scope = {"type": "http", "method": "POST", "path": "/healthz", "raw_path": b"/healthz", "query_string": b"",
+                 "root_path": "", "scheme": "http", "client": ("127.0.0.1", 1), "server": ("testserver", 80),
+                 "headers": [(b"host", b"testserver"), (b"content-length", str(len(body)).encode())]}  # fmt: skip
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
         sent: list[dict] = []
 
         async def receive():
@@ -295,11 +299,11 @@ def test_a_client_gone_mid_request_leaves_its_view_to_finish_and_close_once(monk
         assert asyncio.run(hang_up()) == []  # returned while the view still ran; nothing was sent
         assert finished_on == []
         release.set()
-        deadline = threading.Event()
         for _ in range(100):
             if finished_on:
                 break
-            deadline.wait(0.05)
+            threading.Event().wait(0.05)
+        assert bodies == [b'{"name": "gone"}']
         assert finished_on == viewed_on  # once, on the view's thread
     finally:
         release.set()
