@@ -308,3 +308,43 @@ def test_a_client_gone_mid_request_leaves_its_view_to_finish_read_its_body_and_c
     finally:
         release.set()
         signals.request_finished.disconnect(finished)
+
+
+def test_a_request_django_cannot_build_answers_400_with_both_signals_sent_once():
+    """A query string that is not UTF-8 (Daphne turns such requests away before us; another ASGI server may not):
+    Django's own error path, 400, with request_started and request_finished each sent once."""
+    from django.core import signals
+
+    seen: list[str] = []
+
+    def started(**kwargs):
+        seen.append("started")
+
+    def finished(**kwargs):
+        seen.append("finished")
+
+    async def bad_query():
+        scope = {"type": "http", "method": "GET", "path": "/api/alerts/", "raw_path": b"/api/alerts/",
+                 "query_string": b"a=\xff", "root_path": "", "headers": [(b"host", b"testserver")], "scheme": "http",
+                 "client": ("127.0.0.1", 1), "server": ("testserver", 80)}  # fmt: skip
+        messages = [{"type": "http.request", "body": b"", "more_body": False}]
+        sent: list[dict] = []
+
+        async def receive():
+            return messages.pop(0) if messages else await asyncio.Event().wait()
+
+        async def send(message):
+            sent.append(message)
+
+        await django_asgi_app(scope, receive, send)
+        return sent
+
+    signals.request_started.connect(started)
+    signals.request_finished.connect(finished)
+    try:
+        sent = asyncio.run(bad_query())
+    finally:
+        signals.request_started.disconnect(started)
+        signals.request_finished.disconnect(finished)
+    assert sent[0]["status"] == 400
+    assert seen == ["started", "finished"]
