@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import multiprocessing as mp
@@ -288,6 +289,9 @@ class Burst:
     cpu_s: float = 0.0
     floor_per_s: float = 0.0  # the same servers' GET /healthz rate (the http variant only)
     passes: int = 0  # planning passes committed during the burst (the http variant only)
+    # Where the machine's CPU went, in ms a request, for the burst and for its /healthz floor (the http variant only)
+    split: dict[str, float] = field(default_factory=dict)
+    floor_split: dict[str, float] = field(default_factory=dict)
 
     def merge(self, other: Burst) -> None:
         self.answers.update(other.answers)
@@ -312,7 +316,46 @@ class Burst:
             )
         if self.passes:
             out += f"\n  {'':<16} {self.passes:,} planning passes, {n / self.passes:.1f} requests a pass on average"
+        for label, split in (("a lease request", self.split), ("a /healthz", self.floor_split)):
+            if split:
+                parts = ", ".join(f"{k} {v:.2f}" for k, v in split.items())
+                out += f"\n  {'':<16} machine CPU for {label}, ms: {parts}"
         return out
+
+
+class CpuMeter:
+    """CPU used between `start` and `stop`, in ms a request: the Daphne processes; PostgreSQL's processes alive at
+    the end (the servers' backends, the WAL writer; one that started in between counts whole); this process (the
+    HTTP client); and the whole machine (every core's busy time: what the three leave is everything else)."""
+
+    def __init__(self, daphnes: list) -> None:
+        import psutil
+
+        self.psutil = psutil
+        self.daphnes = daphnes
+        self.marks: tuple = ()
+
+    def _now(self) -> tuple:
+        psutil = self.psutil
+        postgres = {}
+        for proc in psutil.process_iter(["name"]):
+            if proc.info["name"] == "postgres":
+                with contextlib.suppress(psutil.Error):
+                    postgres[proc.pid] = sum(proc.cpu_times()[:2])
+        machine = psutil.cpu_times()
+        busy = sum(machine) - machine.idle - getattr(machine, "iowait", 0.0)
+        return sum(sum(p.cpu_times()[:2]) for p in self.daphnes), postgres, time.process_time(), busy
+
+    def start(self) -> None:
+        self.marks = self._now()
+
+    def stop(self, requests: int) -> dict[str, float]:
+        (d0, pg0, c0, m0), (d1, pg1, c1, m1) = self.marks, self._now()
+        pg = sum(cpu - pg0.get(pid, 0.0) for pid, cpu in pg1.items())
+        ms = 1000 / max(requests, 1)
+        split = {"Daphne": (d1 - d0) * ms, "PostgreSQL": pg * ms, "client": (c1 - c0) * ms}
+        split["machine"] = (m1 - m0) * ms
+        return split
 
 
 def check(requested: int) -> tuple[bool, str]:
@@ -562,9 +605,15 @@ def over_http(
         ports = [port for _, port in started]
         # The floor first, on the same processes and connections: what these servers answer when a request
         # does nothing (the issue's yardstick for lease requests a second).
+        meter = CpuMeter(procs)
+        meter.start()
         floor = asyncio.run(http_load(ports, [HEALTHZ], connections, FLOOR_S))
+        floor_split = meter.stop(floor.accepted)
         cpu, version = sum(sum(p.cpu_times()[:2]) for p in procs), plan_version()
+        meter.start()
         burst = asyncio.run(http_burst(ports, asks, token, connections, minimal))
+        burst.split = meter.stop(len(asks))
+        burst.floor_split = floor_split
         burst.cpu_s = sum(sum(p.cpu_times()[:2]) for p in procs) - cpu
         # The batch the group commit made of the burst: each pass bumps the version once (these Daphnes run no
         # tick, so every bump is a pass that planned requests).
