@@ -388,59 +388,72 @@ def _planning(now: datetime, *, try_lock: bool = False) -> Iterator[Planning]:
     started = time.perf_counter()
     with transaction.atomic():
         if try_lock:
-            if not planlock.try_take():
-                raise LockTaken
+            taken = planlock.try_take()
         else:
             planlock.take()
-        state, _ = SchedulerState.objects.select_for_update().get_or_create(pk=1)
-        fleet = read_fleet(now)
-        nodes, fingerprint = fleet.states, fleet.fingerprint()
-        cached = _take_cached()
-        sched = _current_scheduler(cached, state, nodes, fingerprint)
-        plan = Planning(scheduler=sched, now=now, excluded=_excluded(fleet), nodes=nodes)
-        _prepare(sched, plan)
-        # Group commit: every pass, whoever runs it (a submission, a cancel, an approval, the tick), first plans
-        # every lease request that waits, so a burst of requests costs one pass, not one pass each.
-        batch = _plan_intents(plan)
-        yield plan
-        changes = sched.take_changes()
-        touched = apply(sched, changes)
-        _report_placed(plan, changes)
-        _record_isolated(sched.take_isolated(), now)
-        _record_displaced(sched.take_displaced(), nodes, now)
-        state.version += 1
-        state.next_rid = sched.next_rid
-        # After the version is bumped: a forecast snapshot taken here describes the version this pass commits.
-        plan.forecast = forecasting.refresh(
-            sched, state, now, plan.excluded, fingerprint, changed=bool(changes), tick=plan.tick
-        )
-        state.save(update_fields=["version", "next_rid", *forecasting.STATE_FIELDS])
-        version = state.version
-        # What this version touched, so a process whose cached scheduler is behind re-reads only those leases.
-        # An upsert: were the SchedulerState row ever recreated, its versions would start again from 1, and a
-        # leftover row must not fail every pass from then on.
-        PlanVersion.objects.bulk_create(
-            [PlanVersion(version=version, leases=sorted(touched))],
-            update_conflicts=True,
-            unique_fields=["version"],
-            update_fields=["leases"],
-        )
-        if version % PRUNE_EVERY == 0:
-            PlanVersion.objects.filter(version__lte=version - PLAN_VERSIONS_KEPT).delete()
-        planwake.announce(version, batch)
+            taken = True
+        if taken:
+            with _pass(now, started) as plan:
+                yield plan
+    # The lock was held: the transaction, which wrote nothing, ended by a commit rather than an exception's
+    # rollback, after which the driver forgets every statement it prepared on the connection
+    # (slotkeeper/statements.py): about one request in four paid for planning them again in a burst.
+    if not taken:
+        raise LockTaken
 
-        def keep():
-            _cache.value = _Cached(version, fingerprint, sched)
 
-        transaction.on_commit(keep)
-        # Counted when the pass's work is done (before its commit, which a caller's outer transaction may hold).
-        took = time.perf_counter() - started
-        metrics.inc("slotkeeper_plan_passes_total")
-        metrics.inc("slotkeeper_plan_pass_seconds_total", took)
-        metrics.inc("slotkeeper_plan_batched_requests_total", len(batch))
-        pass_stats.record(len(batch), took)
-        if touched:
-            events.send_on_commit("slots-changed", leases=sorted(touched)[:50])
+@contextmanager
+def _pass(now: datetime, started: float) -> Iterator[Planning]:
+    """A pass under the plan lock, inside `_planning`'s transaction."""
+    state, _ = SchedulerState.objects.select_for_update().get_or_create(pk=1)
+    fleet = read_fleet(now)
+    nodes, fingerprint = fleet.states, fleet.fingerprint()
+    cached = _take_cached()
+    sched = _current_scheduler(cached, state, nodes, fingerprint)
+    plan = Planning(scheduler=sched, now=now, excluded=_excluded(fleet), nodes=nodes)
+    _prepare(sched, plan)
+    # Group commit: every pass, whoever runs it (a submission, a cancel, an approval, the tick), first plans
+    # every lease request that waits, so a burst of requests costs one pass, not one pass each.
+    batch = _plan_intents(plan)
+    yield plan
+    changes = sched.take_changes()
+    touched = apply(sched, changes)
+    _report_placed(plan, changes)
+    _record_isolated(sched.take_isolated(), now)
+    _record_displaced(sched.take_displaced(), nodes, now)
+    state.version += 1
+    state.next_rid = sched.next_rid
+    # After the version is bumped: a forecast snapshot taken here describes the version this pass commits.
+    plan.forecast = forecasting.refresh(
+        sched, state, now, plan.excluded, fingerprint, changed=bool(changes), tick=plan.tick
+    )
+    state.save(update_fields=["version", "next_rid", *forecasting.STATE_FIELDS])
+    version = state.version
+    # What this version touched, so a process whose cached scheduler is behind re-reads only those leases.
+    # An upsert: were the SchedulerState row ever recreated, its versions would start again from 1, and a
+    # leftover row must not fail every pass from then on.
+    PlanVersion.objects.bulk_create(
+        [PlanVersion(version=version, leases=sorted(touched))],
+        update_conflicts=True,
+        unique_fields=["version"],
+        update_fields=["leases"],
+    )
+    if version % PRUNE_EVERY == 0:
+        PlanVersion.objects.filter(version__lte=version - PLAN_VERSIONS_KEPT).delete()
+    planwake.announce(version, batch)
+
+    def keep():
+        _cache.value = _Cached(version, fingerprint, sched)
+
+    transaction.on_commit(keep)
+    # Counted when the pass's work is done (before its commit, which a caller's outer transaction may hold).
+    took = time.perf_counter() - started
+    metrics.inc("slotkeeper_plan_passes_total")
+    metrics.inc("slotkeeper_plan_pass_seconds_total", took)
+    metrics.inc("slotkeeper_plan_batched_requests_total", len(batch))
+    pass_stats.record(len(batch), took)
+    if touched:
+        events.send_on_commit("slots-changed", leases=sorted(touched)[:50])
 
 
 @dataclass

@@ -153,6 +153,16 @@ IS_POSTGRES = DATABASES["default"]["ENGINE"].startswith("django.db.backends.post
 # default 10 is 50. The pool requires CONN_MAX_AGE 0 (its connections are kept by the pool, not by the thread).
 # DB_POOL=0 turns it off (e.g. behind PgBouncer), and only then may DB_CONN_MAX_AGE be raised.
 DB_POOL = IS_POSTGRES and env_bool("DB_POOL", True)
+# PostgreSQL: the few statements every API request runs (a token's lookup, a lease and its report read back, the
+# fleet's node shapes; slotkeeper/statements.py templates) are prepared once per connection, so the server plans
+# them once instead of on every request (planning the token's lookup cost more than running it). Everything else
+# keeps Django's client-side binding. A pooler in transaction mode that cannot carry prepared statements
+# (PgBouncer before 1.21) needs DB_PREPARED_STATEMENTS=0.
+DB_PREPARED_STATEMENTS = IS_POSTGRES and env_bool("DB_PREPARED_STATEMENTS", True)
+if DB_PREPARED_STATEMENTS:
+    # Prepared only where asked (execute(prepare=True) on a server-binding cursor), never by count: Django's own
+    # cursors bind on the client and are never prepared.
+    DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 2**31 - 1
 if DB_POOL:
     if DATABASES["default"]["CONN_MAX_AGE"]:
         from django.core.exceptions import ImproperlyConfigured

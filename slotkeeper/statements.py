@@ -6,6 +6,7 @@ given that call's values; its rows come converted as the queryset's own would be
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -48,7 +49,7 @@ class Template:
         for slot, value in zip(self.slots, values, strict=True):
             params[slot] = value
         connection = connections[alias]
-        with connection.cursor() as cursor:
+        with _cursor(connection) as cursor:
             cursor.execute(self.sql, params)
             rows = cursor.fetchall()
         if not self.converters:
@@ -117,6 +118,46 @@ def instances(
     database the router reads `model` from."""
     alias = router.db_for_read(model)
     return template(alias, name, build, marker).models(model, alias, value)
+
+
+def _cursor(connection: Any) -> Any:
+    """A cursor whose statements PostgreSQL prepares once per connection and plans once (settings
+    DB_PREPARED_STATEMENTS), made and wrapped as Django makes its own (the time zone's loader, execute wrappers,
+    errors translated). Django's own cursor elsewhere, and where queries are logged (DEBUG, a test capturing
+    them): Django's log shows a statement with its values only when they were bound on the client."""
+    options = connection.settings_dict["OPTIONS"]
+    if (
+        connection.vendor != "postgresql"
+        or options.get("prepare_threshold") is None
+        or connection.queries_logged
+    ):
+        return connection.cursor()
+    from django.db.backends.postgresql.base import TIMESTAMPTZ_OID
+    from django.db.backends.postgresql.psycopg_any import register_tzloader
+    from psycopg.pq import Format
+
+    connection.close_if_health_check_failed()
+    connection.ensure_connection()
+    with connection.wrap_database_errors:
+        cursor = _prepared_class()(connection.connection)
+        loader = connection.connection.adapters.get_loader(TIMESTAMPTZ_OID, Format.TEXT)
+        if connection.timezone != loader.timezone:
+            register_tzloader(connection.timezone, cursor)
+        return connection._prepare_cursor(cursor)
+
+
+@functools.cache
+def _prepared_class() -> type:
+    from django.db.backends.postgresql.base import ServerBindingCursor
+
+    class PreparedCursor(ServerBindingCursor):
+        """Server-side binding, and every statement prepared on its first run on the connection."""
+
+        def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+            kwargs["prepare"] = True
+            return super().execute(query, params, **kwargs)  # type: ignore[misc]
+
+    return PreparedCursor
 
 
 def _plain(value: Any) -> Any:

@@ -12,6 +12,8 @@ from django.utils import timezone
 from leases.lifecycle import LeaseState
 from leases.models import Lease
 from slotkeeper import statements
+from slotkeeper.management.commands.issue_token import issue
+from tests.conftest import requires_postgres
 
 pytestmark = pytest.mark.django_db
 
@@ -84,3 +86,74 @@ def test_a_template_whose_marker_is_not_one_of_its_parameters_is_refused():
         statements.template(
             "default", "test.twice", lambda pk: Lease.objects.filter(pk=pk) | Lease.objects.filter(pk=pk), -1
         )
+
+
+# --- prepared on PostgreSQL (settings DB_PREPARED_STATEMENTS) ----------------------------------------------------
+
+
+def _prepared() -> list[str]:
+    """The statements this session has prepared, as PostgreSQL lists them."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements WHERE NOT from_sql")
+        return [row[0] for row in cursor.fetchall()]
+
+
+@requires_postgres
+def test_a_tokens_lookup_is_prepared_once_on_its_connection_and_answers_as_the_unprepared_one():
+    from slotkeeper import auth
+
+    raw = issue("prepared-op", "operator")
+    assert not any("slotkeeper_apitoken" in s for s in _prepared())
+    user, token = auth.authenticate_token(raw)
+    assert [s for s in _prepared() if "slotkeeper_apitoken" in s and "$1" in s]
+    before = len(_prepared())
+    for _ in range(6):  # past PostgreSQL's five custom plans: the same statement, not a new one each call
+        assert auth.authenticate_token(raw)[0].pk == user.pk
+    assert len(_prepared()) == before
+    # Turned off (DB_PREPARED_STATEMENTS=0 leaves prepare_threshold None): Django's own cursor, same answer.
+    with patch.dict(connection.settings_dict["OPTIONS"], {"prepare_threshold": None}):
+        again, row = auth.authenticate_token(raw)
+    assert (again.pk, again.username, row.pk, row.digest) == (user.pk, user.username, token.pk, token.digest)
+    assert auth.authenticate_token("skt_unknown") is None
+
+
+@requires_postgres
+def test_where_queries_are_logged_a_template_is_bound_on_the_client_so_the_log_shows_its_values():
+    from django.test.utils import CaptureQueriesContext
+
+    lease = _lease("logged")
+    with CaptureQueriesContext(connection) as captured:
+        (row,) = statements.instances(Lease, "test.logged_by_id", _by_id, -1, lease.pk)
+    assert row.pk == lease.pk
+    assert len(captured) == 1 and f"= {lease.pk}" in captured[0]["sql"]
+
+
+@requires_postgres
+def test_a_pass_that_finds_the_plan_lock_held_keeps_the_connections_prepared_statements():
+    # A transaction left by an exception ends in a rollback, after which the driver forgets (and deallocates)
+    # every statement it prepared on the connection: a burst then planned the token's lookup again on about one
+    # request in four. The pass that finds the lock held now leaves by a commit.
+    import psycopg
+
+    from leases import store
+    from slotkeeper import auth, planlock
+
+    raw = issue("prepared-pass", "operator")
+    auth.authenticate_token(raw)
+    assert [s for s in _prepared() if "slotkeeper_apitoken" in s]
+    params = connection.get_connection_params()
+    other = psycopg.connect(
+        dbname=params.get("dbname"),
+        user=params.get("user"),
+        host=params.get("host"),
+        port=params.get("port"),
+        autocommit=True,
+    )
+    try:
+        other.execute("SELECT pg_advisory_lock(%s)", [planlock.PLAN_LOCK_ID])
+        with pytest.raises(store.LockTaken), store.planning(timezone.now(), try_lock=True):
+            pytest.fail("planned without the lock")
+    finally:
+        other.execute("SELECT pg_advisory_unlock(%s)", [planlock.PLAN_LOCK_ID])
+        other.close()
+    assert [s for s in _prepared() if "slotkeeper_apitoken" in s]
