@@ -41,6 +41,7 @@ QUICK = {
     "bench_bulk": ["--quick"],
     "bench_renderer": ["--repeat", "50"],
     "bench_decode": ["--repeat", "20"],
+    "bench_prepared": ["--quick"],
 }
 
 
