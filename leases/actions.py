@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -24,7 +24,7 @@ from leases.models import Alert, Group, Lease, SchedulerState
 from leases.scheduler import Decision, LeaseRequest
 from slotkeeper import audit, bulk, events, metrics, planwake, statements
 from slotkeeper.audit import actor_label
-from slotkeeper.domain import DomainError
+from slotkeeper.domain import DomainError, KeyReused
 
 log = logging.getLogger(__name__)
 
@@ -73,40 +73,92 @@ class Submitted:
     lease: Lease
     decision: Decision
     report: PlacementReport
+    replayed: bool = False  # the answer to an earlier request with the same idempotency key
 
 
-def do_submit_lease(actor, spec: LeaseSpec, *, now: datetime) -> Submitted:
+@dataclass(frozen=True)
+class Idempotency:
+    """A lease request's Idempotency-Key header and the digest of its body (leases/api/views.py)."""
+
+    key: str
+    digest: str
+
+
+def do_submit_lease(
+    actor, spec: LeaseSpec, *, now: datetime, idempotency: Idempotency | None = None
+) -> Submitted:
     """Stores the lease and has it scheduled before answering: an AR gets its window or is rejected, an immediate
     lease runs now or is rejected, a best-effort lease is queued and started as soon as the queue allows.
 
     Group commit (docs/group-commit.md): the request is stored first, in a short transaction of its own (a lease
     in state `new`, an intent), and then decided by whichever planning pass comes next, which plans every waiting
     request at once; this call runs that pass itself when the plan lock is free, and otherwise sleeps until a
-    pass commits. Either way it answers with its own lease's decision and report."""
+    pass commits. Either way it answers with its own lease's decision and report.
+
+    With `idempotency`, a request whose key this actor used before is answered with that earlier lease's decision
+    (waiting for it, if no pass has decided it yet) and stores nothing; the same key with another body is refused
+    (KeyReused, 422). Two such requests at once store one lease: the second finds the first's."""
+    if idempotency is not None and (earlier := _earlier_request(actor, idempotency)) is not None:
+        return _answer(earlier, now, since=None, replayed=True)
     since = (
         planwake.ticket()
     )  # passes from here on name the requests they decide: this one's, once it is stored
-    with transaction.atomic():
-        lease = Lease(
-            name=spec.name,
-            type=spec.type,
-            submitted_at=now,
-            requested_start=spec.start,
-            duration_s=spec.duration_s,
-            vnodes=spec.vnodes,
-            capabilities=list(spec.capabilities),
-            preemptible=spec.preemptible,
-            real_duration_s=spec.real_duration_s,
-            submitted_by=actor if getattr(actor, "pk", None) else None,
-            **spec.policy,
+    try:
+        with transaction.atomic():
+            lease = Lease(
+                name=spec.name,
+                type=spec.type,
+                submitted_at=now,
+                requested_start=spec.start,
+                duration_s=spec.duration_s,
+                vnodes=spec.vnodes,
+                capabilities=list(spec.capabilities),
+                preemptible=spec.preemptible,
+                real_duration_s=spec.real_duration_s,
+                submitted_by=actor if getattr(actor, "pk", None) else None,
+                idempotency_key=idempotency.key if idempotency else "",
+                request_digest=idempotency.digest if idempotency else "",
+                **spec.policy,
+            )
+            bulk.insert_one(lease)
+            groups = list(Group.objects.filter(name__in=spec.groups)) if spec.groups else []
+            if groups:
+                lease.groups.set(groups)
+    except IntegrityError:
+        # The same key stored by a request running at the same time (the constraint lease_idempotency_key_once).
+        if idempotency is None or (earlier := _earlier_request(actor, idempotency)) is None:
+            raise
+        return _answer(earlier, now, since=None, replayed=True)
+    return _answer(lease.pk, now, since=since, groups=groups)
+
+
+def _earlier_request(actor, idempotency: Idempotency) -> int | None:
+    """The lease an earlier request of `actor` stored under the same key, if any; KeyReused if its body differed."""
+    if not getattr(actor, "pk", None):
+        return None
+    found = (
+        Lease.objects.filter(submitted_by=actor, idempotency_key=idempotency.key)
+        .values_list("pk", "request_digest")
+        .first()
+    )
+    if found is None:
+        return None
+    if found[1] != idempotency.digest:
+        raise KeyReused(
+            f"Idempotency-Key {idempotency.key!r} was used for another request (lease {found[0]}); "
+            "a retry must send the same body, a new request a new key."
         )
-        bulk.insert_one(lease)
-        groups = list(Group.objects.filter(name__in=spec.groups)) if spec.groups else []
-        if groups:
-            lease.groups.set(groups)
-    lease = store.await_decision(lease.pk, now, since=since)
-    # Its groups are the request's: set with the row, and a pass never changes them (the answer reads no more).
-    reads.cache_groups(lease, groups)
+    return found[0]
+
+
+def _answer(
+    lease_id: int, now: datetime, *, since: int | None, groups: list | None = None, replayed: bool = False
+) -> Submitted:
+    lease = store.await_decision(lease_id, now, since=since)
+    if groups is not None:
+        # Its groups are the request's: set with the row, and a pass never changes them (the answer reads no
+        # more).
+        reads.cache_groups(lease, groups)
     # The report the pass wrote when it decided this request: the first one about the lease (a later pass may add
     # "placed by the queue" reports, which are not this request's answer).
     report = reads.first_report(f"lease:{lease.pk}")
@@ -119,7 +171,7 @@ def do_submit_lease(actor, spec: LeaseSpec, *, now: datetime) -> Submitted:
     accepted = report.outcome != "rejected" and not refused
     message = lease.message if state == LeaseState.FAILED and lease.message else report.message
     decision = Decision(accepted, lease.pk, state, message)
-    return Submitted(lease, decision, report)
+    return Submitted(lease, decision, report, replayed)
 
 
 # The probe of a preview is no lease: an id no lease can have.

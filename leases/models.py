@@ -81,10 +81,20 @@ class Lease(models.Model):
     spec = models.JSONField(
         default=dict, blank=True, help_text="driver spec: command, env, cwd, stop_grace_s"
     )
+    # The request's Idempotency-Key header, once per submitter, and a digest of its body: a retry of a request
+    # whose answer was lost (a client timeout, a server killed mid-request) is answered with this lease's
+    # decision instead of making a second lease (docs/plan-applier.md).
+    idempotency_key = models.CharField(max_length=255, blank=True, default="", editable=False)
+    request_digest = models.CharField(max_length=64, blank=True, default="", editable=False)
 
     class Meta:
         ordering = ["-submitted_at", "-id"]
         constraints = [
+            models.UniqueConstraint(
+                fields=["submitted_by", "idempotency_key"],
+                condition=~Q(idempotency_key=""),
+                name="lease_idempotency_key_once",
+            ),
             models.CheckConstraint(condition=Q(duration_s__gt=0), name="lease_duration_positive"),
             models.CheckConstraint(
                 condition=~Q(type="advance_reservation") | Q(requested_start__isnull=False),

@@ -13,7 +13,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from slotkeeper.domain import DomainError, NotFound, StaleVersion
+from slotkeeper.domain import DomainError, KeyReused, NotFound, StaleVersion
 from slotkeeper.planlock import PlanBusy, is_busy_error
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,12 @@ class PreconditionFailed(exceptions.APIException):
     default_code = "stale"
 
 
+class KeyReusedError(exceptions.APIException):
+    status_code = status.HTTP_422_UNPROCESSABLE_ENTITY
+    default_detail = "This idempotency key was used for another request."
+    default_code = "idempotency_key_reused"
+
+
 class RequestTooLarge(exceptions.APIException):
     status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
     default_detail = "The request body is larger than the server reads."
@@ -57,6 +63,8 @@ def exception_handler(exc, context):
         exc = exceptions.NotFound(str(exc))
     elif isinstance(exc, StaleVersion):
         exc = PreconditionFailed(str(exc))
+    elif isinstance(exc, KeyReused):
+        exc = KeyReusedError(str(exc))
     elif isinstance(exc, DomainError):
         exc = Conflict(str(exc), extra=getattr(exc, "extra", None))
     elif isinstance(exc, DjangoValidationError):

@@ -1,4 +1,4 @@
-"""Domain errors raised by actions; the API turns them into 404 / 409 / 412 with the message as written."""
+"""Domain errors raised by actions; the API turns them into 404 / 409 / 412 / 422 with the message as written."""
 
 from __future__ import annotations
 
@@ -17,3 +17,7 @@ class NotFound(DomainError):
 
 class StaleVersion(DomainError):
     pass
+
+
+class KeyReused(DomainError):
+    """A request that repeats an earlier request's idempotency key with a different body (422)."""

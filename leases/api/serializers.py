@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import re
 
 from django.db import router
@@ -13,6 +15,7 @@ from rest_framework import serializers
 from fleet import nodestate
 from fleet.api.serializers import MAX_CPU_CORES, MAX_DISK_GIB, MAX_MEM_MIB, VerdictSerializer
 from fleet.models import Node, PlacementReport
+from leases.actions import Idempotency
 from leases.models import Group, Lease, LeaseEvent, LeaseType, Reservation
 from leases.request_rules import (
     MAX_CAPABILITIES,
@@ -167,6 +170,28 @@ def _parse_start(text: str):
         return _START_FIELD.to_internal_value(text)
     except serializers.ValidationError:
         return None
+
+
+# An Idempotency-Key: 1-255 visible ASCII characters (a UUID, a job's own id), as the header's draft standard
+# (draft-ietf-httpapi-idempotency-key-header) leaves its form to the server.
+_IDEMPOTENCY_KEY = re.compile(r"[!-~]{1,255}")
+
+
+def idempotency_of(request) -> Idempotency | None:
+    """The request's Idempotency-Key header with a digest of its body, None without the header; a malformed key
+    is a 400 naming the header."""
+    key = request.headers.get("Idempotency-Key")
+    if key is None:
+        return None
+    if not _IDEMPOTENCY_KEY.fullmatch(key):
+        raise serializers.ValidationError(
+            {"Idempotency-Key": ["Must be 1-255 visible ASCII characters (no spaces), e.g. a UUID."]}
+        )
+    data = request.data
+    if hasattr(data, "lists"):  # a form's QueryDict: every value of every field
+        data = dict(data.lists())
+    body = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+    return Idempotency(key, hashlib.sha256(body.encode()).hexdigest())
 
 
 def check_against_fleet(attrs) -> None:

@@ -64,7 +64,18 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
                 "decision's report (about 330 KiB at 1,000 nodes) and, on a 201, the lease's reservations and "
                 "history; it gives the report's summary, counts, chosen nodes and URL instead, and carries "
                 "`Preference-Applied: return=minimal`. Without it, the full answer.",
-            )
+            ),
+            OpenApiParameter(
+                "Idempotency-Key",
+                str,
+                OpenApiParameter.HEADER,
+                pattern=r"^[!-~]{1,255}$",
+                description="A name the client gives this request (1-255 visible ASCII characters, e.g. a UUID), "
+                "unique among its own requests: a retry with the same key and the same body (after a timeout, or a "
+                "server restarted mid-request) is answered with the first request's lease and decision, as it "
+                "is now, with `Idempotent-Replayed: true`, and stores no second lease; the same key with another "
+                "body is refused 422.",
+            ),
         ],
         responses={
             201: PolymorphicProxySerializer(
@@ -77,6 +88,10 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
                 "`lease`, `state`, and the report's `verdicts` (with `Prefer: return=minimal`, `report`: its "
                 "summary, counts and URL, instead)"
             ),
+            422: OpenApiResponse(
+                description="the Idempotency-Key was used before by this account for a request with another "
+                "body: `detail` names the earlier lease"
+            ),
             500: OpenApiResponse(
                 description="the scheduler could not plan the lease and isolated it (state failed, with the "
                 "reason and a lease_isolated alert); the same body as a 409"
@@ -85,8 +100,9 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
     )
     def create(self, request):
         now = timezone.now()  # the request's arrival: validated against, and submitted with
+        idempotency = s.idempotency_of(request)
         spec = actions.LeaseSpec.from_request(s.validated_lease(request.data, now))
-        result = actions.do_submit_lease(request.user, spec, now=now)
+        result = actions.do_submit_lease(request.user, spec, now=now, idempotency=idempotency)
         minimal = prefers_minimal(request)
         if not result.decision.accepted:
             # Rejected is the scheduler's answer (409); failed means it could not plan the lease at all, which
@@ -105,6 +121,8 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
         else:
             body, code = s.plain(s.LeaseDetailSerializer, result.lease), status.HTTP_201_CREATED
         response = Response(body, status=code, headers={"Vary": "Prefer"})
+        if result.replayed:
+            response["Idempotent-Replayed"] = "true"
         return minimal_applied(response) if minimal else response
 
     @extend_schema(request=s.CancelSerializer, responses={200: s.LeaseDetailSerializer})
