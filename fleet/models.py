@@ -50,8 +50,11 @@ class Node(models.Model):
     drain_deadline = models.DateTimeField(null=True, blank=True)
     drain_max_parallel = models.PositiveIntegerField(default=2)
 
-    # The latest heartbeat, kept on the row so the placer reads the whole fleet in one query.
-    last_heartbeat_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    # The latest heartbeat, kept on the row so the placer reads the whole fleet in one query. Not indexed: every
+    # heartbeat writes it, and an indexed column makes every such write a new row version in each of the table's
+    # indexes, where an update of unindexed columns stays on its page (PostgreSQL's HOT update; with the
+    # table's fillfactor, migration fleet 0009). The sweep that reads it scans the fleet every few seconds.
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     obs_mem_total_mib = models.PositiveIntegerField(null=True, blank=True)
     obs_mem_used_mib = models.PositiveIntegerField(null=True, blank=True)
     obs_disk_free_gib = models.FloatField(null=True, blank=True)
