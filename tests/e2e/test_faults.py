@@ -198,11 +198,13 @@ def test_killing_the_process_mid_pass_every_waiting_request_is_decided_once(clus
     prefix = "e2e-midpass"
     answers: dict[str, int | None] = {}
 
+    def body(name: str) -> dict:
+        return lease_body(name, driver="sim", type="best_effort", duration_s=3)
+
     def send(which: int, name: str) -> None:
         try:
-            response = cluster.api(which).post(
-                "/api/leases/", lease_body(name, driver="sim", type="best_effort", duration_s=3)
-            )
+            # Each request named by its client (Idempotency-Key), so that one whose answer is lost can be retried.
+            response = cluster.api(which).post("/api/leases/", body(name), headers={"Idempotency-Key": name})
         except OSError:
             answers[name] = None  # the Daphne it went to was killed before it answered
             return
@@ -251,6 +253,20 @@ def test_killing_the_process_mid_pass_every_waiting_request_is_decided_once(clus
     assert all(count == 1 for _, count in names), f"a request stored twice: {names}"
     answered = {name for name, status in answers.items() if status == 201}
     assert answered <= {name for name, _ in names}, "a request answered 201 left no lease"
+    # A client whose answer was lost with the killed Daphne retries with the same key, at the one still up: it is
+    # answered with the decision the later pass made, and no second lease is stored.
+    lost = [name for name, status in answers.items() if status is None]
+    assert lost or survivor is None, "the killed Daphne's own requests lost their answers"
+    for name in lost:
+        retry = cluster.api(survivor if survivor is not None else 0).post(
+            "/api/leases/", body(name), headers={"Idempotency-Key": name}
+        )
+        assert retry.status_code == 201, (name, retry.status_code, retry.text)
+        assert retry.headers.get("Idempotent-Replayed") == "true" and retry.json()["name"] == name
+    names = cluster.sql(
+        "SELECT name, COUNT(*) FROM leases_lease WHERE name LIKE %s GROUP BY name", prefix + "-%"
+    )
+    assert len(names) == 9 and all(count == 1 for _, count in names), f"a retry stored again: {names}"
 
     cluster.bring_back(victim)
     ids = [lid for (lid,) in cluster.sql("SELECT id FROM leases_lease WHERE name LIKE %s", prefix + "-%")]

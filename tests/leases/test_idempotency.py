@@ -10,6 +10,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from fleet.models import Node
 from leases import actions
 from leases.models import Lease
 from tests.conftest import client_with_token, issue, requires_postgres
@@ -100,44 +101,58 @@ def test_a_retry_of_a_request_stored_but_never_answered_waits_for_its_decision(o
     assert Lease.objects.count() == 1
 
 
+def test_a_retry_is_answered_even_when_its_body_would_no_longer_pass(operator, fleet, register_node):
+    # The first answer stands: a retry is not validated again (the only node its VM fitted is gone since).
+    big, _ = register_node(name="big", mem_total_mib=40_000, cpu_cores=8)
+    first = submit(operator, "big-1", nodes=[vm(mem=20_000)])
+    assert first.status_code == 201
+    Node.objects.filter(pk=big.pk).update(status="dead")
+    assert submit(operator, None, nodes=[vm(mem=20_000)]).status_code == 400  # a new request is refused
+    again = submit(operator, "big-1", nodes=[vm(mem=20_000)])
+    assert again.status_code == 201 and again["Idempotent-Replayed"] == "true"
+    assert again.json()["id"] == first.json()["id"]
+
+
 @requires_postgres
 @pytest.mark.django_db(transaction=True)
 def test_two_requests_with_one_key_at_once_store_one_lease(fleet):
-    # Both pass the look-up before either has stored: the unique constraint refuses the second insert, which then
-    # answers with the first's lease.
-    raw = issue("racer", "operator")
+    # Both in flight at once, neither finding the other's lease first: the unique constraint refuses the second
+    # insert (after the first commits), which then answers with the first's lease.
+    issue("racer", "operator")
     user = Lease._meta.get_field("submitted_by").related_model.objects.get(username="racer")
     spec = actions.LeaseSpec(name="race", type="best_effort", duration_s=600, vnodes=[vm()])
     key = actions.Idempotency("race-1", "d" * 64)
-    barrier, answers, errors, waited = threading.Barrier(2), [], [], set()
-    looked = actions._earlier_request
-
-    def slow_look(actor, idempotency):
-        found = looked(actor, idempotency)
-        if threading.get_ident() not in waited:  # the first look of each: both look before either stores
-            waited.add(threading.get_ident())
-            barrier.wait(timeout=10)
-        return found
+    barrier, answers, errors = threading.Barrier(2), [], []
 
     def run():
         try:
+            barrier.wait(timeout=10)
             answers.append(actions.do_submit_lease(user, spec, now=timezone.now(), idempotency=key))
         except Exception as exc:
             errors.append(exc)
         finally:
             connection.close()
 
-    actions._earlier_request = slow_look
-    try:
-        threads = [threading.Thread(target=run) for _ in range(2)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=60)
-    finally:
-        actions._earlier_request = looked
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
     assert not errors, errors
     assert len(answers) == 2 and answers[0].lease.pk == answers[1].lease.pk
     assert sorted(a.replayed for a in answers) == [False, True]
     assert Lease.objects.filter(idempotency_key="race-1").count() == 1
-    assert raw  # the account's token exists: the key is scoped to it
+
+
+def test_the_admin_finds_a_lease_by_the_key_its_client_gave(operator, fleet):
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    lease_id = submit(operator, "nightly-2026-12-05").json()["id"]
+    submit(operator, "nightly-2026-12-06")
+    admin = Client()
+    admin.force_login(get_user_model().objects.create_superuser(username="root", password="x"))
+    found = admin.get("/admin/leases/lease/", {"q": "nightly-2026-12-05"})
+    assert found.status_code == 200 and found.context["cl"].result_count == 1
+    page = admin.get(f"/admin/leases/lease/{lease_id}/change/")
+    assert page.status_code == 200 and b"nightly-2026-12-05" in page.content
