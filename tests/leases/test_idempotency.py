@@ -70,10 +70,7 @@ def test_keys_are_each_accounts_own(operator, fleet):
 
 @pytest.mark.parametrize("key", ["", " ", "a b", "x" * 256, "caf\u00e9", "tab\there"])
 def test_a_malformed_key_is_a_400_naming_the_header_and_stores_nothing(operator, fleet, key):
-    try:
-        response = submit(operator, key)
-    except ValueError:
-        pytest.skip("the test client itself refuses this header value")  # (no HTTP client can send it either)
+    response = submit(operator, key)
     assert response.status_code == 400
     assert "Idempotency-Key" in response.json()
     assert not Lease.objects.exists()
