@@ -33,6 +33,7 @@ class RefuseUnknownFieldsMixin:
 
 NOT_TEXT = "Not a valid string."
 NOT_LIST = "Expected a list of items."
+TOO_LONG = serializers.CharField.default_error_messages["max_length"]
 
 
 def _takes_text(field: serializers.Field) -> bool:
@@ -52,6 +53,8 @@ class _Kinds:
     text: tuple[str, ...]
     lists: tuple[str, ...]
     text_lists: tuple[str, ...]
+    # The text fields with a length limit, and the limit: checked on the text as sent (see wrong_types).
+    limits: tuple[tuple[str, int], ...] = ()
 
 
 _kinds: dict[type, _Kinds] = {}
@@ -60,31 +63,41 @@ _kinds: dict[type, _Kinds] = {}
 def _kinds_of(serializer) -> _Kinds:
     got = _kinds.get(type(serializer))
     if got is None:
-        text, lists, text_lists = [], [], []
+        text, lists, text_lists, limits = [], [], [], []
         for name, field in serializer.fields.items():
             if field.read_only:
                 continue
             if _takes_text(field):
                 text.append(name)
+                if getattr(field, "max_length", None) is not None:
+                    limits.append((name, field.max_length))
             elif isinstance(field, serializers.ListField) and _takes_text(field.child):
                 text_lists.append(name)
             elif isinstance(
                 field, serializers.ListField | serializers.ManyRelatedField | serializers.ListSerializer
             ):
                 lists.append(name)
-        got = _kinds[type(serializer)] = _Kinds(tuple(text), tuple(lists), tuple(text_lists))
+        got = _kinds[type(serializer)] = _Kinds(tuple(text), tuple(lists), tuple(text_lists), tuple(limits))
     return got
 
 
 def wrong_types(kinds: _Kinds, data: Mapping) -> dict[str, list | dict]:
     """The values DRF would quietly convert: a number where a string goes (`"capabilities": [0]` became "0", a node
     named 7), an object where a list goes (`"leases": {}` read as its keys). The schema says string and array; a
-    client sending anything else has a bug this turns into a 400. null is each field's own rule (allow_null)."""
+    client sending anything else has a bug this turns into a 400. null is each field's own rule (allow_null).
+
+    And a text longer than its field's limit as sent: DRF trims surrounding whitespace first and measures what is
+    left, so 301 characters starting with a space passed a limit of 300 that the schema states (`maxLength`) for
+    the text as sent (found by Schemathesis against a running server)."""
     wrong: dict[str, list | dict] = {}
     for name in kinds.text:
         value = data.get(name)
         if value is not None and not isinstance(value, str):
             wrong[name] = [NOT_TEXT]
+    for name, limit in kinds.limits:
+        value = data.get(name)
+        if isinstance(value, str) and len(value) > limit:
+            wrong[name] = [TOO_LONG.format(max_length=limit)]
     for name in (*kinds.lists, *kinds.text_lists):
         value = data.get(name)
         if value is not None and not isinstance(value, list):

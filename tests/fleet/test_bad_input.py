@@ -287,3 +287,38 @@ def test_a_number_past_the_digits_python_reads_is_a_4xx_not_a_500(viewer, path):
     response = viewer.get(path.format("9" * 5000))
     assert response.status_code in (400, 404), response.status_code
     assert response["Content-Type"] == "application/json"
+
+
+@pytest.mark.parametrize("padding", [" ", "\u00a0", "\n"])
+def test_a_text_longer_than_its_limit_as_sent_is_a_400_though_it_fits_trimmed(
+    operator, register_node, padding
+):
+    """The schema says `maxLength: 300` of the text as sent; DRF measured it after trimming, so 301 characters
+    that began with a space were accepted (found by Schemathesis against a running server)."""
+    node, _ = register_node()
+    response = operator.post(f"/api/nodes/{node.pk}/drain", {"reason": padding + "x" * 300}, format="json")
+    assert response.status_code == 400, response.content
+    assert response.json()["reason"] == ["Ensure this field has no more than 300 characters."]
+    node.refresh_from_db()
+    assert node.status != "draining"
+    # Exactly the limit as sent is taken, and trimmed as before.
+    response = operator.post(f"/api/nodes/{node.pk}/drain", {"reason": padding + "x" * 299}, format="json")
+    assert response.status_code == 200, response.content
+    node.refresh_from_db()
+    assert node.status == "draining" and node.drain_reason == "x" * 299
+
+
+def test_a_lease_name_longer_than_its_limit_as_sent_is_a_400(operator):
+    from leases.models import Lease
+    from leases.request_rules import MAX_NAME
+
+    body = {
+        "name": " " + "n" * MAX_NAME,
+        "type": "best_effort",
+        "duration_s": 600,
+        "nodes": [{"mem_mib": 512}],
+    }
+    response = operator.post("/api/leases/", body, format="json")
+    assert response.status_code == 400, response.content
+    assert "name" in response.json()
+    assert not Lease.objects.exists()
