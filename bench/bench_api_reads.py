@@ -8,6 +8,9 @@ heartbeat benchmark), the process's CPU time divided by the requests answered:
   request cycle itself costs;
 - `GET /api/leases/{id}/`: a lease whose placement report holds 1,000 nodes' verdicts.
 
+Before those, the first `GET /api/alerts/?limit=1` a fresh Daphne answers (once it answers `/healthz`) and the one
+after it, each timed alone on a new connection: what the first client after a start or a deploy waits.
+
 Set-up (not timed): the lease burst's fleet (1,000 nodes registered and heartbeated through the actions, an operator
 token) and one lease submitted in process. The baseline is a `git archive` of `--baseline-ref` (default `main`), served
 by its own Daphne on the same database, so its schema must be this tree's; the two alternate `--rounds` times.
@@ -20,38 +23,68 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import socket
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_burst import BURST_DB, OPERATOR, build_fleet, workload  # noqa: E402
-from bench.bench_heartbeats import HEALTHZ, fresh_postgres, http_load, start_daphne, start_django, stop  # noqa: E402
+from bench.bench_heartbeats import (  # noqa: E402
+    CONTENT_LENGTH,
+    HEALTHZ,
+    fresh_postgres,
+    http_load,
+    start_daphne,
+    start_django,
+    stop,
+)
 from bench.bench_slot_page import export  # noqa: E402
 
 LOG = Path("/tmp/slotkeeper_bench_api_reads.log")
 CONNECTIONS = 16
+FIRST = "GET /api/alerts/?limit=1"
 
 
 def requests(token: str, lease_id: int) -> dict[str, bytes]:
     auth = f"Host: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n\r\n"
     return {
         "GET /healthz": HEALTHZ,
-        "GET /api/alerts/?limit=1": f"GET /api/alerts/?limit=1 HTTP/1.1\r\n{auth}".encode(),
+        FIRST: f"GET /api/alerts/?limit=1 HTTP/1.1\r\n{auth}".encode(),
         "GET /api/leases/{id}/ (1,000-node report)": f"GET /api/leases/{lease_id}/ HTTP/1.1\r\n{auth}".encode(),
     }
 
 
+def answered_in(port: int, request: bytes) -> float:
+    """Seconds from sending `request` alone on a new connection to its whole answer; the answer must be a 200."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        began = time.perf_counter()
+        s.sendall(request)
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += s.recv(65536)
+        header, _, body = head.partition(b"\r\n\r\n")
+        length = int(CONTENT_LENGTH.search(header + b"\r\n").group(1))
+        while len(body) < length:
+            body += s.recv(65536)
+        took = time.perf_counter() - began
+    assert header.startswith(b"HTTP/1.1 200"), header[:40]
+    return took
+
+
 def measure(database_url: str, tree: Path, asks: dict[str, bytes], seconds: float) -> dict[str, tuple]:
-    """Per request: (answered a second, Daphne CPU ms a request, statuses other than 200)."""
+    """Per request: (answered a second, Daphne CPU ms a request, statuses other than 200); and under "first" the
+    first and second answers' times after the start, in ms."""
     import psutil
 
     proc, port = start_daphne(database_url, LOG, None, repo=tree)
     try:
         daphne = psutil.Process(proc.pid)
+        first = [answered_in(port, asks[FIRST]) * 1000 for _ in range(2)]
         asyncio.run(http_load([port], [next(iter(asks.values()))], 4, 1.0))  # warm: imports, first queries
-        out = {}
+        out: dict[str, tuple] = {"first": tuple(first)}
         for name, request in asks.items():
             before = sum(daphne.cpu_times()[:2])
             run = asyncio.run(http_load([port], [request], CONNECTIONS, seconds))
@@ -92,7 +125,12 @@ def main() -> None:
     )
     for r in range(args.rounds):
         for label, tree in (("this tree", ROOT), (args.baseline_ref, baseline)):
-            for name, (per_s, cpu_ms, refused) in measure(url, tree, asks, args.seconds).items():
+            got = measure(url, tree, asks, args.seconds)
+            first, second = got.pop("first")
+            print(
+                f"  round {r + 1}  {label:<12} {'first ' + FIRST + ' after the start':<44} {first:7.1f} ms, the next {second:.1f} ms"
+            )
+            for name, (per_s, cpu_ms, refused) in got.items():
                 bad = f"  other answers {refused}" if refused else ""
                 print(f"  round {r + 1}  {label:<12} {name:<44} {per_s:7,.0f}/s  {cpu_ms:6.2f} ms CPU{bad}")
 
