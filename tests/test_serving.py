@@ -82,7 +82,7 @@ def test_daphne_builds_its_requests_as_raw_body_requests():
 
 def test_the_application_loads_every_view_before_it_serves_and_freezes_them(tmp_path):
     """Django imports the URLconf at the first request it resolves; the ASGI module does it at start-up instead,
-    so the first request after a start costs what the next one does and the collector's freeze covers the views."""
+    so the first request after a start is not the one that pays for it, and the collector's freeze covers the views."""
     probe = (
         "import gc, sys\n"
         "import slotkeeper.asgi\n"
