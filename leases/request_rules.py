@@ -122,11 +122,12 @@ FLAGS = (("preemptible", True), ("migratable", True), ("auto_approve_reschedules
 
 
 def _name(value: Any) -> str | None:
-    # A CharField: trimmed, not blank, at most MAX_NAME characters, no NUL and no lone surrogate.
-    if not isinstance(value, str):
+    # A CharField: at most MAX_NAME characters as sent (slotkeeper/serializers.py), trimmed, not blank, no NUL and
+    # no lone surrogate.
+    if not isinstance(value, str) or len(value) > MAX_NAME:
         return None
     name = value.strip()
-    if not name or len(name) > MAX_NAME or "\x00" in name:
+    if not name or "\x00" in name:
         return None
     if not name.isascii():
         try:
