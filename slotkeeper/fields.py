@@ -110,9 +110,15 @@ class CapabilityField(serializers.CharField):
         "pattern": "A capability is lower-case letters, digits and . : / _ - (e.g. backend:claude, sensor.camera0).",
     }
 
+    def __init__(self, **kwargs):
+        # The pattern holds for the text as sent, as the schema states it: " gpu" was trimmed and accepted.
+        kwargs.setdefault("trim_whitespace", False)
+        super().__init__(**kwargs)
+
     def to_internal_value(self, data):
         value = super().to_internal_value(data)
-        if not CAPABILITY_RE.match(value):
+        # fullmatch: the pattern's `$` also matches before a final newline in Python, not in the schema's regex.
+        if not CAPABILITY_RE.fullmatch(value):
             self.fail("pattern")
         return value
 

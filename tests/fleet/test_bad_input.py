@@ -308,9 +308,16 @@ def test_a_text_longer_than_its_limit_as_sent_is_a_400_though_it_fits_trimmed(
     assert node.status == "draining" and node.drain_reason == "x" * 299
 
 
-def test_a_lease_name_longer_than_its_limit_as_sent_is_a_400(operator):
+@pytest.mark.parametrize("fleet", [False, True])
+def test_a_lease_name_longer_than_its_limit_as_sent_is_a_400(operator, register_node, fleet):
+    """Without a fleet the serializer words the refusal; with one the plain request's own rules
+    (leases/request_rules.py) decide first, and must refuse it too."""
     from leases.models import Lease
     from leases.request_rules import MAX_NAME
+
+    if fleet:
+        node, agent = register_node()
+        assert agent.post(f"/api/nodes/{node.pk}/heartbeat", healthy(), format="json").status_code == 200
 
     body = {
         "name": " " + "n" * MAX_NAME,
@@ -322,3 +329,29 @@ def test_a_lease_name_longer_than_its_limit_as_sent_is_a_400(operator):
     assert response.status_code == 400, response.content
     assert "name" in response.json()
     assert not Lease.objects.exists()
+
+
+@pytest.mark.parametrize("capability", [" gpu", "gpu ", "gpu\n", "\tgpu"])
+def test_a_capability_with_whitespace_around_it_is_a_400_as_its_pattern_says(
+    admin, register_node, capability
+):
+    """The schema's pattern holds for the text as sent; the field trimmed it first (and Python's `$` matched
+    before a final newline), so " gpu" was accepted as "gpu" (found with Schemathesis's ST201 in mind)."""
+    from leases.models import Lease
+
+    node, agent = register_node(capabilities=["gpu"])
+    assert agent.post(f"/api/nodes/{node.pk}/heartbeat", healthy(), format="json").status_code == 200
+    lease = {"name": "a", "type": "best_effort", "duration_s": 600, "nodes": [{"mem_mib": 1}]}
+    for path, body in [
+        ("/api/leases/", {**lease, "capabilities": [capability]}),
+        ("/api/placement/preview", {"mem_mib": 1, "capabilities": [capability]}),
+        ("/api/nodes/", {**NEW_NODE, "name": "n2", "capabilities": [capability]}),
+    ]:
+        response = admin.post(path, body, format="json")
+        assert response.status_code == 400, (path, response.content)
+        assert "capabilities" in response.json()
+    assert not Lease.objects.exists()
+    assert not Node.objects.filter(name="n2").exists()
+    # The same capability as the pattern has it is taken.
+    response = admin.post("/api/leases/", {**lease, "capabilities": ["gpu"]}, format="json")
+    assert response.status_code == 201, response.content
