@@ -67,13 +67,19 @@ class RestartPolicySerializer(StrictSerializer):
 
 
 class DriverSpecSerializer(StrictSerializer):
+    # The agent runs the command as this argv, with this environment (fleet/agent/drivers.py): every character as
+    # sent. DRF's CharField trims by default, so `["printf", "%s\n"]` ran as `["printf", "%s"]`, `" a "` as `"a"`, an
+    # environment value lost its spaces, and an empty argument (`ssh-keygen -N ""`) was refused.
     command = serializers.ListField(
-        child=serializers.CharField(max_length=MAX_ARG), required=False, max_length=200
+        child=serializers.CharField(max_length=MAX_ARG, allow_blank=True, trim_whitespace=False),
+        required=False,
+        max_length=200,
     )
     env = serializers.DictField(
-        child=serializers.CharField(allow_blank=True, max_length=MAX_ARG), required=False
+        child=serializers.CharField(allow_blank=True, max_length=MAX_ARG, trim_whitespace=False),
+        required=False,
     )
-    cwd = serializers.CharField(required=False, allow_null=True, max_length=MAX_ARG)
+    cwd = serializers.CharField(required=False, allow_null=True, max_length=MAX_ARG, trim_whitespace=False)
     stop_grace_s = StrictFloatField(min_value=0, max_value=3600, required=False)
     sim = BoundedJSONDictField(max_bytes=4096, max_depth=4, required=False)
 
@@ -90,6 +96,13 @@ class DriverSpecSerializer(StrictSerializer):
     def validate(self, attrs):
         if problem := json_blob_problem(attrs, max_bytes=MAX_SPEC_BYTES, max_depth=8):
             raise serializers.ValidationError(problem)
+        command = attrs.get("command")
+        if command and not command[0].strip():
+            raise serializers.ValidationError(
+                {"command": "The program (the command's first item) may not be blank."}
+            )
+        if attrs.get("cwd") is not None and not attrs["cwd"].strip():
+            raise serializers.ValidationError({"cwd": "This field may not be blank."})
         return attrs
 
 

@@ -219,3 +219,47 @@ def test_a_dead_node_and_a_rejected_lease_raise_alerts(operator, viewer, fleet):
     kinds = {a["kind"]: a for a in viewer.get("/api/alerts/").json()["results"]}
     assert "was rejected" in kinds["failed_placement"]["message"]
     assert kinds["node_dead"]["node"] == fleet[0].name and "PSU" in kinds["node_dead"]["message"]
+
+
+def test_a_process_spec_reaches_the_agent_as_sent_every_character_kept(operator, fleet):
+    """The agent runs the command as this argv (fleet/agent/drivers.py): DRF's trimming ran `["printf", "%s\\n"]`
+    as `["printf", "%s"]`, an argument " a " as "a", dropped an environment value's spaces, and refused `""`."""
+    from slotkeeper.models import hash_token, new_token
+    from tests.conftest import client_with_token
+
+    spec = {
+        "command": ["printf", "%s\n", " a ", ""],
+        "env": {"GREETING": "  hello  ", "EMPTY": ""},
+        "cwd": "/tmp/a b",
+    }
+    lease = immediate(operator, driver="process", spec=spec)
+    assert lease["spec"] == spec
+    inst = Instance.objects.get(lease_id=lease["id"])
+    raw = new_token("skn")
+    inst.node.token_digest = hash_token(raw)
+    inst.node.save(update_fields=["token_digest"])
+    [entry] = client_with_token(raw).get(f"/api/nodes/{inst.node_id}/assignments").json()["instances"]
+    assert (entry["spec"]["command"], entry["spec"]["env"], entry["spec"]["cwd"]) == (
+        spec["command"],
+        spec["env"],
+        spec["cwd"],
+    )
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [({"command": [" ", "x"]}, "command"), ({"command": ["true"], "cwd": "  "}, "cwd")],
+)
+def test_a_blank_program_or_working_directory_is_a_400(operator, fleet, spec, field):
+    body = {
+        "name": "job",
+        "type": "immediate",
+        "duration_s": 3600,
+        "nodes": [vm()],
+        "driver": "process",
+        "spec": spec,
+    }
+    response = operator.post("/api/leases/", body, format="json")
+    assert response.status_code == 400, response.content
+    assert field in response.json()["spec"]
+    assert not Instance.objects.exists()
