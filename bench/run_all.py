@@ -42,6 +42,7 @@ QUICK = {
     "bench_renderer": ["--repeat", "50"],
     "bench_decode": ["--repeat", "20"],
     "bench_prepared": ["--quick"],
+    "bench_pass_cost": ["--quick"],
 }
 
 
