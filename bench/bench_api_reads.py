@@ -64,14 +64,21 @@ def answered_in(port: int, request: bytes) -> float:
         s.sendall(request)
         head = b""
         while b"\r\n\r\n" not in head:
-            head += s.recv(65536)
+            head += _more(s)
         header, _, body = head.partition(b"\r\n\r\n")
         length = int(CONTENT_LENGTH.search(header + b"\r\n").group(1))
         while len(body) < length:
-            body += s.recv(65536)
+            body += _more(s)
         took = time.perf_counter() - began
     assert header.startswith(b"HTTP/1.1 200"), header[:40]
     return took
+
+
+def _more(s: socket.socket) -> bytes:
+    chunk = s.recv(65536)
+    if not chunk:
+        raise SystemExit("Daphne closed the connection before its answer was complete")
+    return chunk
 
 
 def measure(database_url: str, tree: Path, asks: dict[str, bytes], seconds: float) -> dict[str, tuple]:
