@@ -123,6 +123,33 @@ class CapabilityField(serializers.CharField):
         return value
 
 
+class _AsSent:
+    """A text field whose pattern holds for the text as sent, as the schema states it: not trimmed first (DRF
+    trimmed " web" to "web" and accepted it), and matched whole. DRF's RegexValidator uses `search`, where the
+    pattern's `$` also matches before a final newline, so without trimming "db\n" would pass; `fullmatch` does not
+    let it. The pattern and its error message stay DRF's (the schema reads them from the validator)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("trim_whitespace", False)
+        super().__init__(*args, **kwargs)
+
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        for validator in self.validators:
+            regex = getattr(validator, "regex", None)
+            if regex is not None and not validator.inverse_match and not regex.fullmatch(value):
+                self.fail("invalid")
+        return value
+
+
+class AsSentRegexField(_AsSent, serializers.RegexField):
+    pass
+
+
+class AsSentSlugField(_AsSent, serializers.SlugField):
+    pass
+
+
 def json_blob_problem(value, *, max_bytes: int, max_depth: int) -> str | None:
     """Why a free-form JSON value may not be stored, or None. PostgreSQL's jsonb refuses the NUL character (a 500
     when it reached the database), and an unbounded blob would be copied into every read of its row."""

@@ -13,6 +13,7 @@ from fleet.models import Node, PlacementReport
 from slotkeeper.fields import (
     INT32_MAX,
     INT32_MIN,
+    AsSentRegexField,
     BoundedDateTimeField,
     CapabilityField,
     StrictFloatField,
@@ -128,7 +129,7 @@ class NodeSerializer(serializers.ModelSerializer):
 
 
 class NodeWriteSerializer(StrictSerializer):
-    name = serializers.RegexField(
+    name = AsSentRegexField(
         NODE_NAME_RE,
         max_length=100,
         error_messages={"invalid": "Letters, digits, '.', '_' and '-' only; at most 100 characters."},

@@ -31,6 +31,7 @@ from slotkeeper import statements
 from slotkeeper.fields import (
     INT64_MAX,
     LATEST_TIME,
+    AsSentSlugField,
     BoundedDateTimeField,
     BoundedJSONDictField,
     CapabilityField,
@@ -117,7 +118,7 @@ class LeaseCreateSerializer(StrictSerializer):
     )
     preemptible = StrictBooleanField(required=False, default=True)
     groups = serializers.ListField(
-        child=serializers.SlugField(max_length=100), required=False, default=list, max_length=MAX_GROUPS
+        child=AsSentSlugField(max_length=100), required=False, default=list, max_length=MAX_GROUPS
     )
     migratable = StrictBooleanField(required=False, default=True)
     restart_policy = RestartPolicySerializer(required=False, default=dict)

@@ -3,6 +3,7 @@ leases/instances/actions/; the lists filter with the same FilterSets as the cons
 
 from __future__ import annotations
 
+from django.db import models
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
@@ -19,7 +20,15 @@ from leases.lifecycle import InstanceState
 from leases.models import Alert, Group, GroupPolicy, Instance, InstanceEvent, Lease
 from slotkeeper.auth import IsOperator, IsViewer
 from slotkeeper.domain import NotFound
-from slotkeeper.fields import ID_PATH, INT32_MAX, INT64_MAX, StrictBooleanField, StrictIntegerField, is_id
+from slotkeeper.fields import (
+    ID_PATH,
+    INT32_MAX,
+    INT64_MAX,
+    AsSentSlugField,
+    StrictBooleanField,
+    StrictIntegerField,
+    is_id,
+)
 from slotkeeper.serializers import StrictModelSerializer, StrictSerializer
 
 
@@ -257,6 +266,12 @@ class GroupSerializer(StrictModelSerializer):
         max_value=INT32_MAX,
         help_text="anti-affinity: members allowed on one node",
     )
+
+    # The name's pattern holds for the name as sent (slotkeeper/fields.py): " web" is refused, not stored as "web".
+    serializer_field_mapping = {
+        **StrictModelSerializer.serializer_field_mapping,
+        models.SlugField: AsSentSlugField,
+    }
 
     class Meta:
         model = Group
