@@ -125,6 +125,29 @@ def test_metrics_show_the_plan_queue(fleet):
     assert "slotkeeper_plan_pass_seconds_last" in lines
 
 
+def test_metrics_split_a_pass_s_cpu_by_part(fleet):
+    """Where a pass's CPU goes, counted in the process that ran it: every part, and the requests' part grows with
+    a pass that planned one."""
+
+    def parts() -> dict[str, float]:
+        text = Client().get("/metrics").content.decode()
+        prefix = 'slotkeeper_plan_pass_cpu_seconds_total{part="'
+        return {
+            line[len(prefix) :].split('"', 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(prefix)
+        }
+
+    before = parts()
+    intent("waits", timezone.now())
+    with store.planning(timezone.now()):
+        pass
+    after = parts()
+    assert set(after) == {"read", "catch_up", "prepare", "requests", "caller", "write"}
+    assert after["requests"] > before.get("requests", 0.0)
+    assert all(after[part] >= before.get(part, 0.0) for part in after)
+
+
 # -- catching up instead of reloading -------------------------------------------------------------------------
 
 
