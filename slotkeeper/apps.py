@@ -6,6 +6,8 @@ class SlotkeeperConfig(AppConfig):
     verbose_name = "Slotkeeper"
 
     def ready(self):
-        from slotkeeper import metrics, schema  # noqa: F401 (schema registers the OpenAPI extension)
+        from slotkeeper import collector, metrics, schema  # noqa: F401 (schema registers the OpenAPI extension)
 
         metrics.register_gauges(metrics.pool_gauges)
+        collector.watch()
+        metrics.register_gauges(collector.gauges)

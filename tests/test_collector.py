@@ -45,6 +45,34 @@ def test_cyclic_garbage_made_after_start_up_is_still_collected(restored):
     assert gc.collect() >= 2
 
 
+@pytest.mark.django_db
+def test_metrics_count_collections_and_their_time_per_generation(client):
+    """Every process counts its collections (slotkeeper/apps.py installs the callback) and /metrics shows them."""
+
+    def counted() -> dict[str, float]:
+        return {f"{name}:{labels['generation']}": value for name, labels, value in collector.gauges()}
+
+    before = counted()
+
+    class Node:
+        pass
+
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    del a, b
+    gc.collect()  # a full collection: generation 2
+    after = counted()
+    assert after["slotkeeper_gc_collections_total:2"] == before["slotkeeper_gc_collections_total:2"] + 1
+    assert after["slotkeeper_gc_seconds_total:2"] > before["slotkeeper_gc_seconds_total:2"]
+    assert (
+        after["slotkeeper_gc_collected_objects_total:2"]
+        >= before["slotkeeper_gc_collected_objects_total:2"] + 2
+    )
+    text = client.get("/metrics").content.decode()
+    assert 'slotkeeper_gc_collections_total{generation="2"}' in text
+    assert 'slotkeeper_gc_seconds_total{generation="0"}' in text
+
+
 def left_to_the_collector(request) -> tuple[bytes, int]:
     """The body `request()` answers and how many objects it left to the cyclic collector: called as a server
     calls Django (ClientHandler; the test client ties responses into cycles of its own), once to warm what first
