@@ -104,25 +104,6 @@ class BoundedDateTimeField(serializers.DateTimeField):
 CAPABILITY_RE = re.compile(r"^[a-z0-9][a-z0-9_.:/-]{0,99}$")
 
 
-@extend_schema_field({"type": "string", "pattern": CAPABILITY_RE.pattern, "maxLength": 100})
-class CapabilityField(serializers.CharField):
-    default_error_messages = {
-        "pattern": "A capability is lower-case letters, digits and . : / _ - (e.g. backend:claude, sensor.camera0).",
-    }
-
-    def __init__(self, **kwargs):
-        # The pattern holds for the text as sent, as the schema states it: " gpu" was trimmed and accepted.
-        kwargs.setdefault("trim_whitespace", False)
-        super().__init__(**kwargs)
-
-    def to_internal_value(self, data):
-        value = super().to_internal_value(data)
-        # fullmatch: the pattern's `$` also matches before a final newline in Python, not in the schema's regex.
-        if not CAPABILITY_RE.fullmatch(value):
-            self.fail("pattern")
-        return value
-
-
 class _AsSent:
     """A text field whose pattern holds for the text as sent, as the schema states it: not trimmed first (DRF
     trimmed " web" to "web" and accepted it), and matched whole. DRF's RegexValidator uses `search`, where the
@@ -148,6 +129,18 @@ class AsSentRegexField(_AsSent, serializers.RegexField):
 
 class AsSentSlugField(_AsSent, serializers.SlugField):
     pass
+
+
+@extend_schema_field({"type": "string", "pattern": CAPABILITY_RE.pattern, "maxLength": 100})
+class CapabilityField(AsSentRegexField):
+    """A capability as sent: " gpu" was trimmed and accepted as "gpu" (see `_AsSent`)."""
+
+    default_error_messages = {
+        "invalid": "A capability is lower-case letters, digits and . : / _ - (e.g. backend:claude, sensor.camera0).",
+    }
+
+    def __init__(self, **kwargs):
+        super().__init__(CAPABILITY_RE, **kwargs)
 
 
 def json_blob_problem(value, *, max_bytes: int, max_depth: int) -> str | None:
