@@ -292,6 +292,9 @@ class Burst:
     # Where the machine's CPU went, in ms a request, for the burst and for its /healthz floor (the http variant only)
     split: dict[str, float] = field(default_factory=dict)
     floor_split: dict[str, float] = field(default_factory=dict)
+    # From the Daphnes' /metrics over the burst, in ms: a pass's CPU by part, and the collector by generation.
+    pass_parts: dict[str, float] = field(default_factory=dict)
+    gc_ms: dict[str, float] = field(default_factory=dict)
 
     def merge(self, other: Burst) -> None:
         self.answers.update(other.answers)
@@ -316,6 +319,17 @@ class Burst:
             )
         if self.passes:
             out += f"\n  {'':<16} {self.passes:,} planning passes, {n / self.passes:.1f} requests a pass on average"
+            if self.pass_parts:
+                parts = ", ".join(f"{k} {v / self.passes:.2f}" for k, v in self.pass_parts.items())
+                total = sum(self.pass_parts.values()) / self.passes
+                out += f"\n  {'':<16} a pass's CPU, ms: {parts}; whole {total:.2f}"
+        if self.gc_ms and self.cpu_s:
+            spent = sum(self.gc_ms.values())
+            parts = ", ".join(f"gen {k} {v:,.0f}" for k, v in self.gc_ms.items())
+            out += (
+                f"\n  {'':<16} garbage collector, ms: {parts}; "
+                f"{100 * spent / (1000 * self.cpu_s):.1f} % of the Daphnes' CPU"
+            )
         for label, split in (("a lease request", self.split), ("a /healthz", self.floor_split)):
             if split:
                 parts = ", ".join(f"{k} {v:.2f}" for k, v in split.items())
@@ -594,6 +608,23 @@ def plan_version() -> int:
     return SchedulerState.objects.filter(pk=1).values_list("version", flat=True).first() or 0
 
 
+PASS_CPU = "slotkeeper_plan_pass_cpu_seconds_total{"
+GC_SECONDS = "slotkeeper_gc_seconds_total{"
+
+
+def scraped(port: int) -> dict[str, float]:
+    """A Daphne's /metrics (unauthenticated, as probes are): its pass-CPU and collector counters by line."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    return {
+        key: float(value)
+        for key, _, value in (line.rpartition(" ") for line in text.splitlines())
+        if key.startswith((PASS_CPU, GC_SECONDS))
+    }
+
+
 def over_http(
     database_url: str, asks: list[Ask], token: str, processes: int, connections: int, minimal: bool = False
 ) -> Burst:
@@ -611,8 +642,16 @@ def over_http(
         floor_split = meter.stop(floor.accepted)
         cpu, version = sum(sum(p.cpu_times()[:2]) for p in procs), plan_version()
         meter.start()
+        counted = [scraped(port) for port in ports]
         burst = asyncio.run(http_burst(ports, asks, token, connections, minimal))
         burst.split = meter.stop(len(asks))
+        after = [scraped(port) for port in ports]
+        spent = {
+            k: sum(a.get(k, 0.0) - b.get(k, 0.0) for a, b in zip(after, counted, strict=True))
+            for k in after[0]
+        }
+        burst.pass_parts = {k.split('"')[1]: 1000 * v for k, v in spent.items() if k.startswith(PASS_CPU)}
+        burst.gc_ms = {k.split('"')[1]: 1000 * v for k, v in spent.items() if k.startswith(GC_SECONDS)}
         burst.floor_split = floor_split
         burst.cpu_s = sum(sum(p.cpu_times()[:2]) for p in procs) - cpu
         # The batch the group commit made of the burst: each pass bumps the version once (these Daphnes run no
