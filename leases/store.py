@@ -344,6 +344,8 @@ class Planning:
     # the lock and handed back in `forecast`, to be computed after the pass commits (leases/forecasting.py).
     tick: bool = False
     forecast: forecasting.Job | None = None
+    # The decided requests' messages, written with the rest of their rows by the applier (`_write_leases`).
+    messages: dict[int, str] = field(default_factory=dict)
 
     @property
     def t(self) -> float:
@@ -424,7 +426,7 @@ def _pass(now: datetime, started: float) -> Iterator[Planning]:
     yield plan
     cpu.lap("caller")
     changes = sched.take_changes()
-    touched = apply(sched, changes)
+    touched = apply(sched, changes, plan.messages)
     _report_placed(plan, changes)
     _record_isolated(sched.take_isolated(), now)
     _record_displaced(sched.take_displaced(), nodes, now)
@@ -690,6 +692,7 @@ def _plan_intents(plan: Planning) -> list[int]:
     with pipelined():
         for lease, decision in decided:
             lease.message = sched.describe(lease.pk) if decision.accepted else decision.message
+            plan.messages[lease.pk] = lease.message
             plan.reported.add(lease.pk)
             reports.append(
                 placement_report(
@@ -723,7 +726,6 @@ def _plan_intents(plan: Planning) -> list[int]:
                 _write_reports(reports, audits)
                 reports, audits = [], []
         _write_reports(reports, audits)
-        update_many([lease for lease, _ in decided], ["message"])
     raise_lease_alerts("failed_placement", rejected, plan.now)
     return [lease.pk for lease in intents]
 
@@ -1078,24 +1080,25 @@ def _record_isolated(isolated: list[tuple[int, str]], now: datetime) -> None:
         log.error("lease isolated", extra={"lease": lease_id, "reason": reason})
 
 
-def apply(sched: Scheduler, changes: list[Change]) -> set[int]:
-    """Writes a change journal: lease states with their history, reservations and their per-node allocations.
+def apply(sched: Scheduler, changes: list[Change], messages: Mapping[int, str] | None = None) -> set[int]:
+    """Writes a change journal: lease states with their history, reservations and their per-node allocations,
+    and `messages` (lease id -> the decided request's message).
 
     Batched: a burst (a bulk approval, a tick that starts a hundred reservations) costs a handful of statements,
     not a handful per change. The last snapshot of each reservation in the journal is the one written.
     """
     touched = {c.lease_id for c in changes}
-    if not changes:
+    if not changes and not messages:
         return touched
-    _write_states([c for c in changes if c.what == "lease_state"])
     latest: dict[int, ReservationRecord] = {}
     for change in changes:
         if change.reservation is not None:
             latest[change.reservation.rid] = change.reservation
     if latest:
         _write_reservations(sched, latest)
-    _sync_leases(sched, touched)
-    _sync_instances(sched, touched, changes)
+    _write_leases(sched, changes, touched, messages or {})
+    if changes:
+        _sync_instances(sched, touched, changes)
     return touched
 
 
@@ -1113,12 +1116,18 @@ def _sync_instances(sched: Scheduler, touched: set[int], changes: list[Change]) 
     sync_many(wanted, when)
 
 
-def _write_states(changes: list[Change]) -> None:
-    if not changes:
-        return
-    current = dict(Lease.objects.filter(pk__in={c.lease_id for c in changes}).values_list("id", "state"))
+def _write_leases(
+    sched: Scheduler, changes: list[Change], touched: set[int], messages: Mapping[int, str]
+) -> None:
+    """The lease rows of a pass: each touched lease's state (its steps into the history), what the scheduler
+    keeps of its run, and each decided request's message, in one UPDATE of each row. (Written field by field,
+    a request's row was updated three times a pass: each update a new row version with its index entries.)
+    Every writer of these fields holds the plan lock, so rewriting an unchanged state or run figure loses
+    nothing."""
+    steps = [c for c in changes if c.what == "lease_state"]
+    current = dict(Lease.objects.filter(pk__in=touched | messages.keys()).values_list("id", "state"))
     history = []
-    for change in changes:
+    for change in steps:
         # Rows, not LeaseEvent instances: a burst's pass writes thousands of steps (bulk.Row).
         history.append(
             Row(
@@ -1130,7 +1139,29 @@ def _write_states(changes: list[Change]) -> None:
         )
         current[change.lease_id] = str(change.state)
     insert_many(history, model=LeaseEvent)
-    update_many([Row(pk=pk, state=state) for pk, state in current.items()], ["state"], model=Lease)
+    # One statement per set of fields: with or without a message, with or without the scheduler's figures.
+    groups: dict[tuple[str, ...], list[Row]] = {}
+    for pk, state in current.items():
+        fields: dict[str, Any] = {"state": state}
+        rec = sched.leases.get(pk) if pk in touched else None
+        if rec is not None:
+            fields.update(_synced(rec))
+        if pk in messages:
+            fields["message"] = messages[pk]
+        groups.setdefault(tuple(fields), []).append(Row(pk=pk, **fields))
+    for names, rows in groups.items():
+        update_many(rows, names, model=Lease)
+
+
+def _synced(rec: LeaseRecord) -> dict[str, Any]:
+    return {
+        "run_time_s": rec.run_time,
+        "lost_run_time_s": rec.lost_run_time,
+        "first_start": from_epoch(rec.first_start) if rec.first_start is not None else None,
+        "ended_at": from_epoch(rec.end) if rec.end is not None else None,
+        "in_future": rec.in_future,
+        "images": {str(k): v for k, v in rec.images.items()},
+    }
 
 
 def _reservation_fields(r: ReservationRecord) -> dict:
@@ -1206,27 +1237,6 @@ def move_vnode(plan: Planning, lease_id: int, vnode: int, old_node: int, new_nod
     """Moves one vnode's share of a lease's live reservations from `old_node` to `new_node` in the slot table (a
     reschedule), all or nothing (Scheduler.move_vnode). The caller advances the scheduler to now first."""
     return plan.scheduler.move_vnode(lease_id, vnode, old_node, new_node, plan.t)
-
-
-def _sync_leases(sched: Scheduler, lease_ids: set[int]) -> None:
-    rows = []
-    for lease_id in lease_ids:
-        rec = sched.leases.get(lease_id)
-        if rec is None:
-            continue
-        rows.append(
-            Row(
-                pk=lease_id,
-                run_time_s=rec.run_time,
-                lost_run_time_s=rec.lost_run_time,
-                first_start=from_epoch(rec.first_start) if rec.first_start is not None else None,
-                ended_at=from_epoch(rec.end) if rec.end is not None else None,
-                in_future=rec.in_future,
-                images={str(k): v for k, v in rec.images.items()},
-            )
-        )
-    fields = ["run_time_s", "lost_run_time_s", "first_start", "ended_at", "in_future", "images"]
-    update_many(rows, fields, model=Lease)
 
 
 def drop_cache() -> None:

@@ -71,6 +71,38 @@ def test_one_pass_plans_every_waiting_request_with_one_version_and_one_report_ea
     assert overcommitted_instants() == []
 
 
+def test_a_pass_writes_each_decided_request_s_row_once(fleet, monkeypatch):
+    """Its state, its run figures and its message in one UPDATE of the row, not one a field: each update of a row
+    is a new row version with its index entries, a database's work per request in a burst."""
+    now = timezone.now()
+    waiting = [intent(f"w{i}", now, cores=2, count=2) for i in range(5)]
+    waiting.append(
+        intent("too-big", now, type="advance_reservation", cores=4, count=5, start=now + timedelta(hours=1))
+    )
+    writes: list[tuple[tuple[str, ...], list[int]]] = []
+    update_many = store.update_many
+
+    def spy(rows, fields, *, model=None):
+        rows = list(rows)
+        if rows and (model or type(rows[0])) is Lease:
+            writes.append((tuple(fields), [row.pk for row in rows]))
+        return update_many(rows, fields, model=model)
+
+    monkeypatch.setattr(store, "update_many", spy)
+    with store.planning(now):
+        pass
+    for lease in waiting:
+        wrote = [fields for fields, pks in writes if lease.pk in pks]
+        assert len(wrote) == 1, (lease.name, writes)
+        assert {"state", "message"} <= set(wrote[0])
+    rows = {row.name: row for row in Lease.objects.filter(pk__in=[w.pk for w in waiting])}
+    assert rows["too-big"].state == LeaseState.REJECTED and rows["too-big"].message
+    running = [row for name, row in rows.items() if row.state == LeaseState.ACTIVE]
+    assert len(running) == 4
+    for row in running:
+        assert row.first_start == now and row.message and row.message != rows["too-big"].message
+
+
 def test_a_request_the_scheduler_cannot_take_is_rejected_alone_and_the_batch_goes_on(fleet, monkeypatch):
     now = timezone.now()
     bad, good = intent("bad", now), intent("good", now)
