@@ -334,6 +334,15 @@ class Burst:
             if split:
                 parts = ", ".join(f"{k} {v:.2f}" for k, v in split.items())
                 out += f"\n  {'':<16} machine CPU for {label}, ms: {parts}"
+        if self.passes and self.pass_parts and self.split and self.floor_split:
+            # The share's ceiling were the request cycle free: a request still costs its part of the passes and the
+            # database's work; a /healthz what its Daphne, database and client spend (not the machine's other load).
+            planned = sum(self.pass_parts.values()) / n + self.split["PostgreSQL"]
+            floor = sum(v for k, v in self.floor_split.items() if k != "machine")
+            out += (
+                f"\n  {'':<16} its passes and PostgreSQL alone, ms: {planned:.2f} a request against {floor:.2f} "
+                f"a /healthz: with a free request cycle, a share of at most {floor / planned:.3f}"
+            )
         return out
 
 

@@ -7,7 +7,8 @@ requests stored as intents as `do_submit_lease` stores them, then one pass, its 
 
 - by batch: `--rounds` passes of each of 1, 5, 23 and 100 requests while the slot table is still nearly empty (at
   most 650 leases planned); the lowest CPU of each. 23 is the batch the HTTP burst makes over 32 connections, 100
-  a large one.
+  a large one. Beside it, the database's side, per request: the WAL the pass wrote and its PostgreSQL server
+  process's CPU (the WAL the lowest of the rounds: heartbeats write some meanwhile; the CPU their mean).
 - as it fills: passes of 100 requests until `--leases` are planned, every third printed.
 
     .venv/bin/python bench/bench_pass_cost.py [--quick] [--nodes 1000] [--leases 3000] [--rounds 5]
@@ -42,6 +43,13 @@ class Passes:
 
     def one(self, count: int) -> float:
         """CPU seconds of the pass that plans the next `count` requests."""
+        return self.measured(count)[0]
+
+    def measured(self, count: int) -> tuple[float, int, float]:
+        """The pass that plans the next `count` requests: its CPU seconds, the WAL bytes written while it ran, and
+        its PostgreSQL server process's CPU seconds."""
+        import psutil
+        from django.db import connection
         from django.utils import timezone
 
         from leases import store
@@ -51,12 +59,21 @@ class Passes:
         asks = self.asks[self.taken : self.taken + count]
         self.taken += len(asks)
         Lease.objects.bulk_create(a.intent(now, self.actor) for a in asks)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid(), pg_current_wal_lsn()")
+            pid, lsn = cursor.fetchone()
+        server = psutil.Process(pid)
+        server_cpu = sum(server.cpu_times()[:2])
         cpu = time.process_time()
         with store.planning(timezone.now()):
             pass
         took = time.process_time() - cpu
+        server_cpu = sum(server.cpu_times()[:2]) - server_cpu
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_current_wal_lsn() - %s::pg_lsn", [lsn])
+            wal = int(cursor.fetchone()[0])
         assert not Lease.objects.filter(state=LeaseState.NEW).exists(), "a pass left requests undecided"
-        return took
+        return took, wal, server_cpu
 
 
 def main() -> None:
@@ -79,9 +96,14 @@ def main() -> None:
         passes.one(1)  # the scheduler loaded, the statements compiled: not what a pass costs
         lowest = {}
         for count in BATCHES:
-            lowest[count] = min(passes.one(count) for _ in range(rounds)) * 1000
+            runs = [passes.measured(count) for _ in range(rounds)]
+            lowest[count] = min(cpu for cpu, _, _ in runs) * 1000
+            wal = min(wal for _, wal, _ in runs) / count / 1024
+            # The mean: the server's CPU is counted in clock ticks of 10 ms, a pass's share of a few.
+            server = sum(server for _, _, server in runs) * 1000 / (count * rounds)
             print(
-                f"  a pass of {count:>3}, {passes.taken:>4,} leases planned by now: {lowest[count]:6.1f} ms CPU (lowest)"
+                f"  a pass of {count:>3}, {passes.taken:>4,} leases planned by now: {lowest[count]:6.1f} ms CPU "
+                f"(lowest); PostgreSQL a request: {wal:5.1f} KiB of WAL (lowest), {server:5.2f} ms CPU (mean)"
             )
         fixed = (lowest[1] * 100 - lowest[100]) / 99
         print(f"  so about {fixed:.1f} ms a pass and {(lowest[100] - fixed) / 100:.2f} ms a request")
