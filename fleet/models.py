@@ -209,7 +209,7 @@ class PlacementReport(models.Model):
     """One placement decision and a verdict for every node, so "why not node X?" can be answered later."""
 
     created_at = models.DateTimeField(db_index=True)
-    subject = models.CharField(max_length=64, db_index=True)  # "preview", "lease:7", "reschedule:3"
+    subject = models.CharField(max_length=64)  # "preview", "lease:7", "reschedule:3"; Meta.indexes
     request = models.JSONField()
     outcome = models.CharField(max_length=32)
     message = models.TextField()
@@ -222,6 +222,7 @@ class PlacementReport(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["subject"], name="report_subject_idx")]
 
     def __str__(self) -> str:
         return f"placement {self.pk} ({self.subject}: {self.outcome})"

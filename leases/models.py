@@ -1,6 +1,12 @@
 """Leases, the slot table's rows (reservations) and their per-node allocations, each lease's state history, the
 instance rows of its vnodes with their history, the groups it belongs to, and alerts. Restart records and
-reschedules belong to the instances package (leases/instances/models.py)."""
+reschedules belong to the instances package (leases/instances/models.py).
+
+Text indexes: a text column is indexed in `Meta.indexes` (and made unique in `Meta.constraints`), not with
+`db_index=True` or `unique=True`. On PostgreSQL those also build a second index on the column
+(`varchar_pattern_ops`, for `LIKE 'x%'`), which no query here asks and every insert and state change pays: a
+planning pass wrote about 70 index entries a lease request, ten of them into such indexes (docs/BENCHMARKS.md).
+A foreign key that a composite index leads with has no index of its own, for the same reason."""
 
 from __future__ import annotations
 
@@ -40,9 +46,8 @@ LIVE_RESERVATION_STATUSES = (ReservationStatus.SCHEDULED, ReservationStatus.ACTI
 class Lease(models.Model):
     name = models.CharField(max_length=200)
     type = models.CharField(max_length=24, choices=LeaseType.choices)
-    state = models.CharField(
-        max_length=24, choices=LEASE_STATE_CHOICES, default=LeaseState.NEW, db_index=True
-    )
+    # Indexed in Meta.indexes (see the module's note on text indexes).
+    state = models.CharField(max_length=24, choices=LEASE_STATE_CHOICES, default=LeaseState.NEW)
     submitted_at = models.DateTimeField(db_index=True)
     requested_start = models.DateTimeField(null=True, blank=True)
     duration_s = models.FloatField()
@@ -89,6 +94,7 @@ class Lease(models.Model):
 
     class Meta:
         ordering = ["-submitted_at", "-id"]
+        indexes = [models.Index(fields=["state"], name="lease_state_idx")]
         constraints = [
             models.UniqueConstraint(
                 fields=["submitted_by", "idempotency_key"],
@@ -118,13 +124,14 @@ class Reservation(models.Model):
     kind = models.CharField(max_length=16, choices=ReservationKind.choices)
     start = models.DateTimeField(db_index=True)
     end = models.DateTimeField(db_index=True)
-    status = models.CharField(max_length=16, choices=ReservationStatus.choices, db_index=True)
+    status = models.CharField(max_length=16, choices=ReservationStatus.choices)  # Meta.indexes
     # vnode -> node id; for a migration, `sources` holds where the memory images leave from.
     nodes = models.JSONField()
     sources = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["start", "rid"]
+        indexes = [models.Index(fields=["status"], name="reservation_status_idx")]
         constraints = [
             models.CheckConstraint(condition=Q(end__gte=F("start")), name="reservation_end_after_start")
         ]
@@ -137,8 +144,14 @@ class Allocation(models.Model):
     """What one reservation uses on one node. Denormalised times and liveness let one SQL query check that no node
     is overcommitted at any instant (the invariant the concurrency tests assert)."""
 
-    reservation = models.ForeignKey(Reservation, on_delete=models.CASCADE, related_name="allocations")
-    node = models.ForeignKey("fleet.Node", on_delete=models.CASCADE, related_name="allocations")
+    # Neither key has an index of its own: alloc_one_row_per_node leads with the reservation and
+    # alloc_node_window_idx with the node, and each serves those lookups (and the cascades) as well.
+    reservation = models.ForeignKey(
+        Reservation, on_delete=models.CASCADE, related_name="allocations", db_index=False
+    )
+    node = models.ForeignKey(
+        "fleet.Node", on_delete=models.CASCADE, related_name="allocations", db_index=False
+    )
     start = models.DateTimeField()
     end = models.DateTimeField()
     live = models.BooleanField(default=True)
@@ -218,12 +231,15 @@ class Instance(models.Model):
     """One vnode of a lease placed on one node. `generation` rises with every restart and every reschedule, so the
     agent can tell a fresh start from the instance it already ran (it never runs the same generation twice)."""
 
-    iid = models.CharField(max_length=64, unique=True)
+    iid = models.CharField(max_length=64)  # unique: Meta.constraints
     lease = models.ForeignKey(Lease, on_delete=models.CASCADE, related_name="instances")
     vnode = models.PositiveIntegerField()
     generation = models.PositiveIntegerField(default=0)
-    node = models.ForeignKey("fleet.Node", null=True, on_delete=models.SET_NULL, related_name="instances")
-    state = models.CharField(max_length=16, choices=INSTANCE_STATE_CHOICES, db_index=True)
+    # Its lookups use instance_node_state_idx, which leads with it.
+    node = models.ForeignKey(
+        "fleet.Node", null=True, on_delete=models.SET_NULL, related_name="instances", db_index=False
+    )
+    state = models.CharField(max_length=16, choices=INSTANCE_STATE_CHOICES)  # Meta.indexes
     desired_state = models.CharField(max_length=16, default="running")
     created_at = models.DateTimeField()
     state_changed_at = models.DateTimeField()
@@ -238,7 +254,11 @@ class Instance(models.Model):
 
     class Meta:
         ordering = ["lease_id", "vnode", "-generation"]
-        indexes = [models.Index(fields=["node", "state"], name="instance_node_state_idx")]
+        indexes = [
+            models.Index(fields=["node", "state"], name="instance_node_state_idx"),
+            models.Index(fields=["state"], name="instance_state_idx"),
+        ]
+        constraints = [models.UniqueConstraint(fields=["iid"], name="instance_iid_unique")]
 
     def __str__(self) -> str:
         return self.iid
