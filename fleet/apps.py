@@ -10,6 +10,14 @@ class FleetConfig(AppConfig):
 
         # The sweep is not registered here: it is composed with node loss one layer up (leases/instances/apps.py).
         metrics.register_gauges(node_gauges)
+        from django.db.models.signals import post_delete, post_save
+
+        from fleet import live_shapes
+        from fleet.models import Node
+
+        # A node written by this process is seen by the next lease request's size check here at once.
+        post_save.connect(live_shapes.forget, sender=Node, dispatch_uid="fleet.live_shapes.saved")
+        post_delete.connect(live_shapes.forget, sender=Node, dispatch_uid="fleet.live_shapes.deleted")
 
 
 def node_gauges():

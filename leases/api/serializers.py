@@ -7,13 +7,13 @@ import hashlib
 import json
 import re
 
-from django.db import router
 from django.urls import reverse
 from django.utils import timezone
 from rest_framework import serializers
 
 from fleet import nodestate
 from fleet.api.serializers import MAX_CPU_CORES, MAX_DISK_GIB, MAX_MEM_MIB, VerdictSerializer
+from fleet.live_shapes import FIGURES, live_shapes
 from fleet.models import Node, PlacementReport
 from leases.actions import Idempotency
 from leases.models import Group, Lease, LeaseEvent, LeaseType, Reservation
@@ -222,11 +222,7 @@ def _check_sizes(vnodes):
     """Each VM must fit on one node's allocatable capacity (docs/capacity.md): larger can never be placed."""
     # Per distinct shape, not per node: a fleet has a few, and this runs for every lease request (reading
     # 1,000 nodes' figures was a few ms of each).
-    # The distinct shapes from a statement compiled once (slotkeeper/statements.py): building the queryset
-    # cost more than the database's answer.
-    alias = router.db_for_read(Node)
-    rows = statements.template(alias, "fleet.live_shapes", _live_shapes).rows(alias)
-    shapes = {tuple(shape): nodestate.allocatable(*shape) for shape in rows}
+    shapes = {shape: nodestate.allocatable(*shape) for shape in live_shapes()}
     if not shapes:
         raise serializers.ValidationError({"nodes": "The fleet has no nodes yet."})
     largest = max(shapes.values(), key=lambda lim: lim.mem_mib)
@@ -238,7 +234,7 @@ def _check_sizes(vnodes):
         if v["mem_mib"] > largest.mem_mib:
             # Named only when needed: the first node by name with the most allocatable memory.
             biggest = {shape for shape, lim in shapes.items() if lim.mem_mib == largest.mem_mib}
-            live = Node.objects.exclude(status="dead").values_list("name", *SHAPE_FIGURES)
+            live = Node.objects.exclude(status="dead").values_list("name", *FIGURES)
             named = (name for name, *shape in live if tuple(shape) in biggest)
             name = next(named, "a node since removed")  # removed between the two reads
             problems.append(
@@ -252,13 +248,6 @@ def _check_sizes(vnodes):
             errors[i] = "; ".join(problems)
     if errors:
         raise serializers.ValidationError({"nodes": {str(i): msg for i, msg in errors.items()}})
-
-
-SHAPE_FIGURES = ("cpu_cores", "mem_total_mib", "disk_total_gib", "idle_baseline_mib")
-
-
-def _live_shapes():
-    return Node.objects.exclude(status="dead").values_list(*SHAPE_FIGURES).order_by().distinct()
 
 
 class ReservationSerializer(serializers.ModelSerializer):
