@@ -1,15 +1,16 @@
-"""The periodic work, composed: the sweep (fleet's, then node loss), the tick (the lease core's, then restarts
-whose backoff passed, then drains with a deadline), and retention (placement reports past theirs). The embedded
+"""The periodic work, composed: the sweep (fleet's, then node loss), the tick (the lease core's, then the
+reschedules of leases that ended withdrawn, restarts whose backoff passed, drains with a deadline), and retention (placement reports past theirs). The embedded
 loop and Celery beat both run these."""
 
 from __future__ import annotations
 
 from datetime import datetime
 
+from django.db import transaction
 from django.db.models import Count
 
 from leases import actions as lease_actions
-from leases.instances.actions import drains, nodes, restarts, retention
+from leases.instances.actions import drains, nodes, reschedules, restarts, retention
 from leases.instances.models import Reschedule
 
 
@@ -17,6 +18,8 @@ def tick(now: datetime) -> None:
     """One tick; a failure anywhere in it is recorded once for the whole step (leases.actions.recorded_tick)."""
     with lease_actions.recorded_tick(now):
         lease_actions.advance(now)
+        with transaction.atomic():
+            reschedules.withdraw_moot(now)
         restarts.supervise(now)
         drains.drive_drains(now)
 

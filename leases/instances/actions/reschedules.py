@@ -26,7 +26,7 @@ from leases import store
 from leases.instance_rows import LIVE, placed_instance
 from leases.instances.models import Reschedule, RescheduleStatus
 from leases.instances.placing import FleetView, blocker, decide_move, move_request, plan_move
-from leases.lifecycle import InstanceState, LeaseState, can_instance
+from leases.lifecycle import TERMINAL_LEASE_STATES, InstanceState, LeaseState, can_instance
 from leases.models import Instance, InstanceEvent
 from slotkeeper import audit, events, metrics
 from slotkeeper.bulk import Row, insert_many, update_many
@@ -239,11 +239,13 @@ def _approve_one(proposal, plan, version: int | None, fleet: FleetView, batch: _
     lease = inst.lease
     who = audit.actor_label(batch.actor)
     if lease.state != LeaseState.ACTIVE or inst.state not in (_I.LOST, *LIVE):
+        # Closed by the system, not refused by the approver: the row must not read "rejected by <approver>".
         proposal.status = RescheduleStatus.REJECTED
         proposal.message = (
-            f"nothing to move: lease {lease.pk} is {lease.state}, instance {inst.iid} is {inst.state}"
+            f"withdrawn when {who} approved it, nothing to move: lease {lease.pk} is {lease.state}, "
+            f"instance {inst.iid} is {inst.state}"
         )
-        proposal.decided_at, proposal.decided_by = now, who
+        proposal.decided_at, proposal.decided_by = now, SYSTEM
         batch.proposals.append(proposal)
         return ApprovalResult(pk, False, proposal.status, proposal.message, code="conflict")
     req = move_request(plan, inst, fleet)
@@ -309,6 +311,36 @@ def _approve_one(proposal, plan, version: int | None, fleet: FleetView, batch: _
         )
     )
     return ApprovalResult(pk, True, proposal.status, message, target_name, new.iid, code="applied")
+
+
+# Who closed a proposal that no operator decided (`withdraw_moot`, or an approval that found nothing to move).
+SYSTEM = "system"
+
+
+def withdraw_moot(now: datetime) -> int:
+    """Closes every pending proposal whose lease has ended (done, cancelled, failed...): nothing is left to move,
+    and a proposal left pending would wait for an approval that can only fail. Run by the tick; each one closed is
+    recorded (status rejected, decided by "system", the reason in its message, an audit row). Returns how many."""
+    moot = list(
+        Reschedule.objects.select_for_update(of=("self",))
+        .filter(status=RescheduleStatus.PENDING, lease__state__in=TERMINAL_LEASE_STATES)
+        .select_related("lease", "instance")
+    )
+    for proposal in moot:
+        proposal.status = RescheduleStatus.REJECTED
+        proposal.message = (
+            f"withdrawn: lease {proposal.lease_id} is {proposal.lease.state}, nothing left to move"
+        )
+        proposal.decided_at, proposal.decided_by = now, SYSTEM
+        proposal.version += 1
+        audit.record(
+            at=now, actor=None, action="reschedule.withdraw", target=proposal, reason=proposal.message
+        )
+        events.send_on_commit("reschedule-changed", reschedule=proposal.pk)
+    update_many(moot, ["status", "message", "decided_at", "decided_by", "version"])
+    if moot:
+        log.info("reschedules withdrawn", extra={"count": len(moot)})
+    return len(moot)
 
 
 def do_reject(actor, pk: int, *, now: datetime, reason: str = "") -> Reschedule:

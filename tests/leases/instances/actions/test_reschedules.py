@@ -176,3 +176,39 @@ def test_a_batch_placed_by_the_scheduler_keeps_filling_nodes_after_each_move(db)
     assert Instance.objects.filter(state="placed", node=host4).count() == 3
     assert "the proposed node host2 no longer fits (dead:" in results[0].message
     assert overcommitted_instants() == []
+
+
+def test_a_proposal_whose_lease_ended_is_withdrawn_by_the_next_tick(fleet):
+    """Found by an outsider: a lease ended with its lost instance's proposal still pending, waiting for an approval
+    that could only fail; the console counted it among the pending."""
+    from leases import actions as lease_actions
+    from leases.instances.actions import periodic
+    from slotkeeper.models import AuditEntry
+
+    now = timezone.now()
+    lease, [inst] = run_lease(now)
+    node_actions.do_declare_dead(None, inst.node_id, reason="gone", now=now)
+    proposal = Reschedule.objects.get(instance=inst, status="pending")
+    lease_actions.do_cancel_lease(None, lease.pk, now=now, reason="no longer needed")
+    periodic.tick(now)
+    proposal.refresh_from_db()
+    assert (proposal.status, proposal.decided_by) == ("rejected", "system")
+    assert proposal.message == f"withdrawn: lease {lease.pk} is cancelled, nothing left to move"
+    assert AuditEntry.objects.filter(action="reschedule.withdraw", target_id=str(proposal.pk)).count() == 1
+    periodic.tick(now)  # once only
+    assert AuditEntry.objects.filter(action="reschedule.withdraw").count() == 1
+
+
+def test_approving_a_proposal_whose_lease_ended_is_not_recorded_as_the_approver_s_rejection(fleet):
+    from leases import actions as lease_actions
+
+    now = timezone.now()
+    lease, [inst] = run_lease(now)
+    node_actions.do_declare_dead(None, inst.node_id, reason="gone", now=now)
+    proposal = Reschedule.objects.get(instance=inst, status="pending")
+    lease_actions.do_cancel_lease(None, lease.pk, now=now, reason="no longer needed")
+    [result] = reschedules.do_approve(None, [proposal.pk], now=now)
+    assert (result.ok, result.code) == (False, "conflict")
+    proposal.refresh_from_db()
+    assert (proposal.status, proposal.decided_by) == ("rejected", "system")
+    assert proposal.message.startswith("withdrawn when system approved it, nothing to move: lease")
