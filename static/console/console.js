@@ -254,6 +254,8 @@
       if (!t.dataset.utc) t.dataset.utc = t.textContent;
       t.textContent = utc ? t.dataset.utc : d.toLocaleString();
     });
+    // A zone named beside times rather than inside them (the slot table's window) follows them.
+    document.querySelectorAll("[data-zone]").forEach(function (z) { z.textContent = utc ? "UTC" : "local time"; });
   }
 
   document.addEventListener("DOMContentLoaded", function () {

@@ -204,3 +204,27 @@ def test_times_inside_a_lease_message_follow_the_operators_zone(browser, console
         assert local != utc and "UTC" not in local, (utc, local)
     finally:
         context.close()
+
+
+def test_the_slot_table_s_window_names_the_zone_its_times_are_shown_in(browser, console):
+    """Found by an outsider: switched to local time, the window under the slot table still said "UTC"."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, timezone_id="America/New_York")
+    context.set_default_timeout(10_000)
+    try:
+        page = context.new_page()
+        page.goto(console.url + "/login/")
+        page.fill("input[name=username]", "otto")
+        page.fill("input[name=password]", live.PASSWORD)
+        page.click("button[type=submit]")
+        page.wait_for_url(console.url + "/")
+        page.goto(f"{console.url}/slots/")
+        summary = page.locator("#slot-summary")
+        utc = summary.inner_text()
+        assert utc.endswith("UTC"), utc
+        page.click("#tz-toggle")
+        local = summary.inner_text()
+        assert local.endswith("local time") and "UTC" not in local, (utc, local)
+        page.click("#tz-toggle")
+        assert summary.inner_text() == utc
+    finally:
+        context.close()
