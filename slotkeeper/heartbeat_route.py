@@ -56,6 +56,12 @@ log = logging.getLogger(__name__)
 PATH = re.compile(r"^/api/nodes/([1-9][0-9]{0,17})/heartbeat/?$")
 # A heartbeat with many instances is a few KiB; anything bigger goes to Django, which bounds its own uploads.
 MAX_BODY = 64 * 1024
+# This route checks a report on the event loop, where every other request of the process waits meanwhile: a
+# report of more instances than this goes to Django, which checks it on a request thread. (An outsider's heartbeat
+# of 16,000 ids held the loop 5 s, and /healthz with it.)
+MAX_INSTANCES = 100
+# The media types DRF's JSON parser takes for this view, exactly: anything else is Django's to answer (415, 400).
+_JSON = re.compile(rb"application/json\s*(;\s*charset=\"?utf-8\"?\s*)?", re.IGNORECASE)
 BUFFERED = frozenset((NodeStatus.ONLINE.value, NodeStatus.DRAINING.value))
 # The security headers Django's middleware adds to the view's answer (SecurityMiddleware, XFrameOptions), and
 # DRF's own, so the two answers differ in nothing a client can see but their timing.
@@ -190,16 +196,19 @@ class HeartbeatRoute:
         token = node_tokens.get(hash_token(raw))
         if token is None or token.node_id != node_id or token.status not in BUFFERED:
             return None
-        if not headers.get(b"content-type", b"").startswith(b"application/json"):
-            return None  # DRF's parser decides what else it takes (415)
+        if not _JSON.fullmatch(headers.get(b"content-type", b"")):
+            return None  # DRF's parser decides what else it takes (415), and what another charset means (400)
         if not _served(headers.get(b"host", b"")):
             return None  # Django answers a host it does not serve with 400
         try:
             data = json.loads(body.decode("utf-8"), parse_constant=_refuse_constant)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested a thousand deep (the view answers 400)
             return None
         validated = plain_report(data)
         if validated is None:
+            listed = data.get("instances", []) if isinstance(data, dict) else None
+            if not isinstance(listed, list) or len(listed) > MAX_INSTANCES:
+                return None  # not a report, or a long one: checked off the loop, by the view
             serializer = HeartbeatSerializer(data=data)
             if not serializer.is_valid():
                 return None  # the view says why, field by field
