@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -15,6 +17,7 @@ from slotkeeper.fields import (
     INT32_MIN,
     AsSentRegexField,
     BoundedDateTimeField,
+    BoundedListField,
     CapabilityField,
     StrictFloatField,
     StrictIntegerField,
@@ -137,9 +140,7 @@ class NodeWriteSerializer(StrictSerializer):
     cpu_cores = StrictIntegerField(min_value=1, max_value=MAX_CPU_CORES)
     mem_total_mib = StrictIntegerField(min_value=1, max_value=MAX_MEM_MIB)
     disk_total_gib = StrictIntegerField(min_value=0, max_value=MAX_DISK_GIB)
-    capabilities = serializers.ListField(
-        child=CapabilityField(), required=False, default=list, max_length=200
-    )
+    capabilities = BoundedListField(child=CapabilityField(), required=False, default=list, max_length=200)
 
     def __init__(self, *args, node_id: int | None = None, **kwargs):
         self.node_id = node_id  # the node being edited, whose own name is no clash
@@ -178,7 +179,7 @@ class InstanceReportSerializer(StrictSerializer):
     exit_code = StrictIntegerField(
         required=False, allow_null=True, default=None, min_value=INT32_MIN, max_value=INT32_MAX
     )
-    log_tail = serializers.ListField(
+    log_tail = BoundedListField(
         child=serializers.CharField(allow_blank=True, max_length=MAX_LOG_LINE),
         required=False,
         default=list,
@@ -239,7 +240,7 @@ class InstanceEntryField(serializers.Field):
     def to_internal_value(self, data):
         if isinstance(data, str) and data:
             # The same checks as the object form's id (length, no NUL): it is stored in the node row's JSON.
-            ident = InstanceReportSerializer().fields["id"].run_validation(data)
+            ident = _instance_id_field().run_validation(data)
             return {"id": ident, "status": "running", "exit_code": None, "log_tail": [], "detail": ""}
         if isinstance(data, dict):
             ser = InstanceReportSerializer(data=data)
@@ -254,15 +255,20 @@ class InstanceEntryField(serializers.Field):
         return value
 
 
+@functools.cache
+def _instance_id_field() -> serializers.Field:
+    # Built once, not per id: a serializer's fields are deep copies, and a report of 10,000 ids built 10,000.
+    # Validating keeps nothing on the field, so threads may share it.
+    return InstanceReportSerializer().fields["id"]
+
+
 class HeartbeatSerializer(StrictSerializer):
     mem_total_mib = StrictIntegerField(min_value=1, max_value=MAX_MEM_MIB)
     mem_used_mib = StrictIntegerField(min_value=0, max_value=MAX_MEM_MIB)
     disk_free_gib = StrictFloatField(min_value=0, max_value=MAX_DISK_GIB)
     cpu_pct = StrictFloatField(min_value=0, max_value=100)
     load1 = StrictFloatField(min_value=0, max_value=MAX_LOAD1)
-    instances = serializers.ListField(
-        child=InstanceEntryField(), required=False, default=list, max_length=10_000
-    )
+    instances = BoundedListField(child=InstanceEntryField(), required=False, default=list, max_length=10_000)
 
     def validate(self, attrs):
         if attrs["mem_used_mib"] > attrs["mem_total_mib"]:
@@ -301,7 +307,7 @@ class PreviewSerializer(StrictSerializer):
     mem_mib = StrictIntegerField(min_value=1, max_value=MAX_MEM_MIB)
     disk_gib = StrictIntegerField(min_value=0, max_value=MAX_DISK_GIB, required=False, default=0)
     cpu_cores = StrictFloatField(min_value=0, max_value=MAX_CPU_CORES, required=False, default=0)
-    capabilities = serializers.ListField(child=CapabilityField(), required=False, default=list, max_length=50)
+    capabilities = BoundedListField(child=CapabilityField(), required=False, default=list, max_length=50)
     count = StrictIntegerField(min_value=1, max_value=1000, required=False, default=1)
     preferred_node = serializers.CharField(
         required=False, allow_null=True, allow_blank=True, default=None, max_length=100

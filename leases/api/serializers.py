@@ -29,12 +29,13 @@ from leases.request_rules import (
 )
 from slotkeeper import statements
 from slotkeeper.fields import (
-    INT64_MAX,
     LATEST_TIME,
     AsSentSlugField,
     BoundedDateTimeField,
     BoundedJSONDictField,
+    BoundedListField,
     CapabilityField,
+    IdQueryField,
     StrictBooleanField,
     StrictFloatField,
     StrictIntegerField,
@@ -71,7 +72,7 @@ class DriverSpecSerializer(StrictSerializer):
     # The agent runs the command as this argv, with this environment (fleet/agent/drivers.py): every character as
     # sent. DRF's CharField trims by default, so `["printf", "%s\n"]` ran as `["printf", "%s"]`, `" a "` as `"a"`, an
     # environment value lost its spaces, and an empty argument (`ssh-keygen -N ""`) was refused.
-    command = serializers.ListField(
+    command = BoundedListField(
         child=serializers.CharField(max_length=MAX_ARG, allow_blank=True, trim_whitespace=False),
         required=False,
         max_length=200,
@@ -113,11 +114,11 @@ class LeaseCreateSerializer(StrictSerializer):
     start = BoundedDateTimeField(required=False, allow_null=True, default=None)
     duration_s = StrictFloatField(min_value=1, max_value=MAX_DURATION_S)
     nodes = VNodeSerializer(many=True, allow_empty=False, max_length=MAX_VMS)
-    capabilities = serializers.ListField(
+    capabilities = BoundedListField(
         child=CapabilityField(), required=False, default=list, max_length=MAX_CAPABILITIES
     )
     preemptible = StrictBooleanField(required=False, default=True)
-    groups = serializers.ListField(
+    groups = BoundedListField(
         child=AsSentSlugField(max_length=100), required=False, default=list, max_length=MAX_GROUPS
     )
     migratable = StrictBooleanField(required=False, default=True)
@@ -453,9 +454,7 @@ class SlotWindowSerializer(serializers.Serializer):
 
     start = BoundedDateTimeField(required=False, help_text="ISO time; default an hour ago")
     end = BoundedDateTimeField(required=False, help_text="ISO time; default 25 h after start")
-    node = serializers.IntegerField(
-        required=False, min_value=1, max_value=INT64_MAX, help_text="only reservations on this node"
-    )
+    node = IdQueryField(required=False, help_text="only reservations on this node")
 
     def validate(self, attrs):
         now = timezone.now()

@@ -388,3 +388,88 @@ def test_a_name_with_whitespace_around_it_is_a_400_as_its_pattern_says(admin, re
     assert admin.post("/api/leases/", {**lease, "groups": ["web"]}, format="json").status_code == 201
     assert admin.post("/api/groups/", {"name": "db", "policy": "affinity"}, format="json").status_code == 201
     assert admin.post("/api/nodes/", {**NEW_NODE, "name": "web-2"}, format="json").status_code == 201
+
+
+# -- a list's length before its items, a time as the schema writes it, an id in a query (an outsider's requests) --
+
+
+def test_a_list_far_past_its_limit_is_refused_by_its_length_at_once_in_one_message(operator, register_node):
+    """DRF checked every item before the length: 600,000 bad capabilities took seconds and were answered with
+    one message each (40 MB); a heartbeat of 655,000 ids took 122 s to be refused."""
+    import time
+
+    node, agent = register_node()
+    lease = {
+        "name": "j",
+        "type": "best_effort",
+        "duration_s": 60,
+        "nodes": [{"cpu_cores": 1, "mem_mib": 512}],
+    }
+    cases = [
+        (operator, "/api/leases/", {**lease, "capabilities": ["BAD CAP"] * 200_000}, "capabilities"),
+        (operator, "/api/nodes/", {**NEW_NODE, "capabilities": ["BAD CAP"] * 200_000}, "capabilities"),
+        (agent, f"/api/nodes/{node.pk}/heartbeat", {**healthy(), "instances": ["x"] * 200_000}, "instances"),
+    ]
+    for client, path, body, field in cases:
+        began = time.monotonic()
+        response = client.post(path, body, format="json")
+        took = time.monotonic() - began
+        assert response.status_code == 400, (path, response.status_code)
+        assert len(response.content) < 1000, (path, len(response.content))
+        assert "no more than" in str(response.json()[field]), (path, response.json())
+        assert took < 5, (
+            path,
+            took,
+        )  # it was 122 s for a heartbeat this long; parsing the body is what is left
+    assert not Node.objects.filter(name=NEW_NODE["name"]).exists()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "2031-01-07T00:00:00Z\x00",
+        "2031-01-07T00:00:00Z\n",
+        "\u0662\u0660\u0663\u0661-01-05T00:00:00Z",  # Arabic-Indic digits
+        "2031-01-02",  # a date alone
+        "2031-W01-1T00:00Z",  # an ISO week
+        "20310103T000000Z",  # the basic format
+        " 2031-01-07T00:00:00Z",
+    ],
+)
+def test_a_time_not_written_as_the_schema_s_date_time_is_a_400_and_stores_nothing(
+    operator, register_node, text
+):
+    from leases.models import Lease
+
+    node, _ = register_node()
+    lease = {
+        "name": "ar",
+        "type": "advance_reservation",
+        "start": text,
+        "duration_s": 60,
+        "nodes": [{"cpu_cores": 1, "mem_mib": 512}],
+    }
+    response = operator.post("/api/leases/", lease, format="json")
+    assert response.status_code == 400 and "start" in response.json(), response.content
+    assert not Lease.objects.exists()
+    response = operator.post(f"/api/nodes/{node.pk}/drain", {"reason": "r", "deadline": text}, format="json")
+    assert response.status_code == 400 and "deadline" in response.json(), response.content
+    node.refresh_from_db()
+    assert node.status != "draining"
+    assert operator.get("/api/slots/", {"start": text}).status_code == 400
+
+
+def test_the_schema_s_date_times_are_taken(operator, register_node):
+    for text in (
+        "2031-01-07T00:00:00Z",
+        "2031-01-07T00:00:00.123456+02:00",
+        "2031-01-07 00:00",
+    ):
+        assert operator.get("/api/slots/", {"start": text}).status_code == 200, text
+
+
+@pytest.mark.parametrize("alias", ["\u0661", "+1", "1.0", " 1", "0_1", "1 "])
+def test_a_node_id_in_the_slots_query_is_ascii_digits_only(viewer, register_node, alias):
+    response = viewer.get("/api/slots/", {"node": alias})
+    assert response.status_code == 400 and "node" in response.json(), (alias, response.content)
+    assert viewer.get("/api/slots/", {"node": "1"}).status_code == 200

@@ -25,6 +25,7 @@ from slotkeeper.fields import (
     INT32_MAX,
     INT64_MAX,
     AsSentSlugField,
+    BoundedListField,
     StrictBooleanField,
     StrictIntegerField,
     is_id,
@@ -156,7 +157,7 @@ class ApproveOneSerializer(StrictSerializer):
 
 
 class ApproveManySerializer(StrictSerializer):
-    ids = serializers.ListField(
+    ids = BoundedListField(
         child=StrictIntegerField(min_value=1, max_value=INT64_MAX), required=False, max_length=10_000
     )
     group = serializers.CharField(required=False, max_length=100)
