@@ -439,8 +439,15 @@ def summary(
     size = ", ".join(_text(d, vm[d]) for d in DIMENSIONS if vm.get(d))
     total = sum(holds.values()) if total is None else total
     when = "now" if now else f"over {window}" if window else "in its window"
-    top = sorted(holds.items(), key=lambda kv: -kv[1])[:5]  # stable: `holds` comes in the caller's order
-    listed = ", ".join(f"{name} {n}" for name, n in top if n)
+    top = [kv for kv in sorted(holds.items(), key=lambda kv: -kv[1])[:5] if kv[1]]  # stable: the caller's order
+    listed = ", ".join(f"{name} {n}" for name, n in top)
+    rest = total - sum(n for _, n in top)
+    if listed and rest > 0:  # the list is the top five: say what it leaves out, so it does not read as the whole
+        if sum(holds.values()) == total:  # every node's figure is here
+            others = sum(1 for n in holds.values() if n) - len(top)
+            listed += f" and {rest} more on {others} other node{'' if others == 1 else 's'}"
+        else:
+            listed += f" and {rest} more on other nodes"
     line = f"needs {count} × ({size}); the fleet holds {total} {when}" + (f": {listed}" if listed else "")
     if not total and largest is not None and vm.get("mem", 0) > largest[1]:
         line += f"; the largest, {largest[0]}, allocates at most {_text('mem', largest[1])}"
