@@ -304,8 +304,8 @@ def advance(now: datetime) -> None:
             plan.scheduler.advance(plan.t, plan.excluded)
             for lease_id, reason in plan.scheduler.replaced:
                 lease = Lease.objects.get(pk=lease_id)
-                lease.message = f"re-placed when its reservation came due: {reason}"
-                lease.save(update_fields=["message"])
+                # Written with the lease's row by the applier, after (and over) a message this pass decided.
+                plan.messages[lease_id] = f"re-placed when its reservation came due: {reason}"
                 audit.record(at=now, actor=None, action="lease.replace", target=lease, reason=reason)
         if plan.forecast is not None:
             forecasting.complete(plan.forecast)
