@@ -28,11 +28,11 @@ SHAPES_TTL_S = 1.0
 FIGURES = ("cpu_cores", "mem_total_mib", "disk_total_gib", "idle_baseline_mib")
 
 _lock = threading.Lock()
-_kept: tuple[float, str, list[tuple]] | None = None  # (monotonic expiry, database alias, shapes)
+_kept: tuple[float, str, tuple[tuple, ...]] | None = None  # (monotonic expiry, database alias, shapes)
 _forgotten = 0  # how many times forget() ran: a read that overlapped one is not kept
 
 
-def live_shapes() -> list[tuple]:
+def live_shapes() -> tuple[tuple, ...]:
     """(cores, memory MiB, disk GiB, idle baseline MiB) of each distinct shape among the nodes not dead."""
     global _kept
     from fleet.models import Node
@@ -44,7 +44,9 @@ def live_shapes() -> list[tuple]:
     keep = not transaction.get_connection(alias).in_atomic_block
     taken, generation = time.monotonic(), _forgotten
     # A statement compiled once (slotkeeper/statements.py): building the queryset cost more than the answer.
-    rows = [tuple(row) for row in statements.template(alias, "fleet.live_shapes", _statement).rows(alias)]
+    rows = tuple(
+        tuple(row) for row in statements.template(alias, "fleet.live_shapes", _statement).rows(alias)
+    )
     if keep:
         with _lock:
             # Not if a node was written while this read ran: that write may be missing from `rows`.

@@ -70,4 +70,4 @@ def test_a_read_inside_a_transaction_is_not_kept():
         Node.objects.create(name="ghost", cpu_cores=2, mem_total_mib=DECLARED_MIB, disk_total_gib=10)
         assert len(live_shapes.live_shapes()) == 1
         transaction.set_rollback(True)
-    assert live_shapes.live_shapes() == []
+    assert live_shapes.live_shapes() == ()
