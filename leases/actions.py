@@ -266,9 +266,12 @@ def do_cancel_lease(actor, lease_id: int, *, now: datetime, reason: str = "") ->
         if lease.pk not in plan.scheduler.leases:
             raise DomainError(f"lease {lease_id} is {lease.state}; it cannot be cancelled")
         try:
-            plan.scheduler.cancel(lease.pk, plan.t)
+            decision = plan.scheduler.cancel(lease.pk, plan.t)
         except IllegalTransition as exc:
             raise DomainError(str(exc)) from None
+        # Over the message it was placed with ("runs ... on n1"), which the lease's page went on showing.
+        said = f"{decision.message} by {audit.actor_label(actor)}" + (f": {reason}" if reason else "")
+        plan.messages[lease.pk] = said[:2000]
         audit.record(at=now, actor=actor, action="lease.cancel", target=lease, reason=reason)
         events.send_on_commit("lease-changed", lease=lease.pk)
     lease.refresh_from_db()

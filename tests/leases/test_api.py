@@ -154,6 +154,20 @@ def test_cancel_ends_a_lease_and_a_second_cancel_is_a_conflict(operator, fleet):
     assert again.status_code == 409
 
 
+def test_a_cancelled_lease_says_so_and_why_instead_of_where_it_runs(operator, fleet):
+    # Found by an outsider: the lease's page went on saying "lease 16 runs ... on gpu-01" after its cancel.
+    body = submit(operator).json()
+    assert " on n" in body["message"]
+    response = operator.post(
+        f"/api/leases/{body['id']}/cancel", {"reason": "no longer needed"}, format="json"
+    )
+    message = response.json()["message"]
+    assert message.startswith(f"lease {body['id']} cancelled at ") and message.endswith(
+        " by otto: no longer needed"
+    )
+    assert Lease.objects.get(pk=body["id"]).message == message
+
+
 def test_unknown_leases_are_404(viewer, operator):
     assert viewer.get("/api/leases/999/").status_code == 404
     assert operator.post("/api/leases/999/cancel", {}, format="json").status_code == 404
