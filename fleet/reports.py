@@ -439,10 +439,12 @@ def summary(
     size = ", ".join(_text(d, vm[d]) for d in DIMENSIONS if vm.get(d))
     total = sum(holds.values()) if total is None else total
     when = "now" if now else f"over {window}" if window else "in its window"
-    top = [kv for kv in sorted(holds.items(), key=lambda kv: -kv[1])[:5] if kv[1]]  # stable: the caller's order
+    # Stable: `holds` comes in the caller's order.
+    top = [kv for kv in sorted(holds.items(), key=lambda kv: -kv[1])[:5] if kv[1]]
     listed = ", ".join(f"{name} {n}" for name, n in top)
     rest = total - sum(n for _, n in top)
-    if listed and rest > 0:  # the list is the top five: say what it leaves out, so it does not read as the whole
+    # The list is the top five: it says what it leaves out, so that it does not read as the whole.
+    if listed and rest > 0:
         if sum(holds.values()) == total:  # every node's figure is here
             others = sum(1 for n in holds.values() if n) - len(top)
             listed += f" and {rest} more on {others} other node{'' if others == 1 else 's'}"
