@@ -1127,17 +1127,23 @@ def _write_leases(
     steps = [c for c in changes if c.what == "lease_state"]
     current = dict(Lease.objects.filter(pk__in=touched | messages.keys()).values_list("id", "state"))
     history = []
+    last: dict[int, Row] = {}
     for change in steps:
         # Rows, not LeaseEvent instances: a burst's pass writes thousands of steps (bulk.Row).
-        history.append(
-            Row(
-                lease_id=change.lease_id,
-                at=from_epoch(change.at),
-                from_state=current[change.lease_id],
-                to_state=str(change.state),
-            )
+        last[change.lease_id] = step = Row(
+            lease_id=change.lease_id,
+            at=from_epoch(change.at),
+            from_state=current[change.lease_id],
+            to_state=str(change.state),
+            message="",
         )
+        history.append(step)
         current[change.lease_id] = str(change.state)
+    # The history's "why": the step a decision ended in carries its message (placed and where, rejected and why,
+    # cancelled by whom and why). Found by an outsider: the lease page's Why column was always empty.
+    for lease_id, step in last.items():
+        if lease_id in messages:
+            step.message = messages[lease_id]
     insert_many(history, model=LeaseEvent)
     # One statement per set of fields: with or without a message, with or without the scheduler's figures.
     groups: dict[tuple[str, ...], list[Row]] = {}

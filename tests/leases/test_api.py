@@ -166,6 +166,10 @@ def test_a_cancelled_lease_says_so_and_why_instead_of_where_it_runs(operator, fl
         " by otto: no longer needed"
     )
     assert Lease.objects.get(pk=body["id"]).message == message
+    # The history's "why" (the lease page's column, the API's history): each decision on the step it ended in.
+    history = operator.get(f"/api/leases/{body['id']}/").json()["history"]
+    assert history[-1]["to_state"] == "cancelled" and history[-1]["message"] == message
+    assert history[-2]["message"] == body["message"]  # the step the placement ended in: where it runs
 
 
 def test_unknown_leases_are_404(viewer, operator):
