@@ -204,8 +204,9 @@ def shell(workdir: Path, code: str) -> None:
 ARTIFACTS = ROOT / "test-artifacts"  # screenshots of failed browser tests
 
 
-def sign_in(browser, console, username: str, password: str):
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
+def sign_in(browser, console, username: str = "otto", password: str = PASSWORD, **options):
+    """A signed-in browser context; `options` go to `new_context` (a time zone, a colour scheme)."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, **options)
     context.set_default_timeout(10_000)
     page = context.new_page()
     page.goto(console.url + "/login/")

@@ -40,17 +40,7 @@ def console(tmp_path_factory):
         yield server
 
 
-def sign_in(browser, console, **options):
-    context = browser.new_context(viewport={"width": 1280, "height": 900}, **options)
-    context.set_default_timeout(10_000)
-    page = context.new_page()
-    page.goto(console.url + "/login/")
-    page.fill("input[name=username]", "otto")
-    page.fill("input[name=password]", live.PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url(console.url + "/")
-    page.close()
-    return context
+sign_in = live.sign_in
 
 
 @pytest.fixture(scope="module")

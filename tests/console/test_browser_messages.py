@@ -185,15 +185,9 @@ def test_times_inside_a_lease_message_follow_the_operators_zone(browser, console
     # The scheduler writes its times into the sentence ("runs 2026-11-30 15:40:54 UTC–… UTC on tank"); the page
     # marks them up as <time>, so the UTC / local switch reaches them like every other time on the page.
     lease_id, _ = next(iter(lost.values()))
-    context = browser.new_context(viewport={"width": 1280, "height": 900}, timezone_id="Asia/Tokyo")
-    context.set_default_timeout(10_000)
+    context = live.sign_in(browser, console, timezone_id="Asia/Tokyo")
     try:
         page = context.new_page()
-        page.goto(console.url + "/login/")
-        page.fill("input[name=username]", "otto")
-        page.fill("input[name=password]", live.PASSWORD)
-        page.click("button[type=submit]")
-        page.wait_for_url(console.url + "/")
         page.goto(f"{console.url}/leases/{lease_id}/")
         times = page.locator("#lease-body .lead [data-headline] time")
         assert times.count() == 2, page.locator("#lease-body .lead").inner_text()
@@ -208,15 +202,9 @@ def test_times_inside_a_lease_message_follow_the_operators_zone(browser, console
 
 def test_the_slot_table_s_window_names_the_zone_its_times_are_shown_in(browser, console):
     """Found by an outsider: switched to local time, the window under the slot table still said "UTC"."""
-    context = browser.new_context(viewport={"width": 1280, "height": 900}, timezone_id="America/New_York")
-    context.set_default_timeout(10_000)
+    context = live.sign_in(browser, console, timezone_id="America/New_York")
     try:
         page = context.new_page()
-        page.goto(console.url + "/login/")
-        page.fill("input[name=username]", "otto")
-        page.fill("input[name=password]", live.PASSWORD)
-        page.click("button[type=submit]")
-        page.wait_for_url(console.url + "/")
         page.goto(f"{console.url}/slots/")
         summary = page.locator("#slot-summary")
         utc = summary.inner_text()

@@ -395,9 +395,8 @@ def test_a_name_with_whitespace_around_it_is_a_400_as_its_pattern_says(admin, re
 
 def test_a_list_far_past_its_limit_is_refused_by_its_length_at_once_in_one_message(operator, register_node):
     """DRF checked every item before the length: 600,000 bad capabilities took seconds and were answered with
-    one message each (40 MB); a heartbeat of 655,000 ids took 122 s to be refused."""
-    import time
-
+    one message each (40 MB); a heartbeat of 655,000 ids took 122 s to be refused. Every item here is bad, so
+    a check of the items first answers with one message per item."""
     node, agent = register_node()
     lease = {
         "name": "j",
@@ -408,19 +407,18 @@ def test_a_list_far_past_its_limit_is_refused_by_its_length_at_once_in_one_messa
     cases = [
         (operator, "/api/leases/", {**lease, "capabilities": ["BAD CAP"] * 200_000}, "capabilities"),
         (operator, "/api/nodes/", {**NEW_NODE, "capabilities": ["BAD CAP"] * 200_000}, "capabilities"),
-        (agent, f"/api/nodes/{node.pk}/heartbeat", {**healthy(), "instances": ["x"] * 200_000}, "instances"),
+        (
+            agent,
+            f"/api/nodes/{node.pk}/heartbeat",
+            {**healthy(), "instances": ["x\x00"] * 200_000},
+            "instances",
+        ),
     ]
     for client, path, body, field in cases:
-        began = time.monotonic()
         response = client.post(path, body, format="json")
-        took = time.monotonic() - began
         assert response.status_code == 400, (path, response.status_code)
         assert len(response.content) < 1000, (path, len(response.content))
         assert "no more than" in str(response.json()[field]), (path, response.json())
-        assert took < 5, (
-            path,
-            took,
-        )  # it was 122 s for a heartbeat this long; parsing the body is what is left
     assert not Node.objects.filter(name=NEW_NODE["name"]).exists()
 
 
