@@ -18,8 +18,9 @@ install: $(VENV)
 run: $(VENV)
 	$(PY) manage.py demo --port $(PORT)
 
+# On every core (pytest-xdist); the end-to-end tests share one cluster, so they run on one worker (loadgroup).
 test: $(VENV) chromium
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n auto --dist loadgroup --durations=10 $(PYTEST_ARGS)
 
 # The browser tests drive Debian's Chromium: installed when missing and this user may (root with apt-get);
 # otherwise they are skipped with that reason.

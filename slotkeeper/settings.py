@@ -209,7 +209,15 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "capacity": 1500, "expiry": 10},
+            # The test suite runs on several workers at once (pytest-xdist), each with its own database: each has
+            # its own prefix in Redis too, or one worker's broadcasts reach another's consoles.
+            "CONFIG": {
+                "hosts": [REDIS_URL],
+                "capacity": 1500,
+                "expiry": 10,
+                "prefix": "asgi"
+                + (f"-{_worker}" if (_worker := os.environ.get("PYTEST_XDIST_WORKER")) else ""),
+            },
         }
     }
 else:
