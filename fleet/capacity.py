@@ -11,7 +11,7 @@ fleet/placement.py reads the fleet into snapshots and records the verdicts; docs
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
@@ -590,13 +590,14 @@ def _no_placement(
 ) -> Placement:
     """Which of the three no-placement outcomes, from the nodes that waiting could still help."""
     candidates = [v for v, never in zip(ranked, hopeless, strict=True) if not never]
-    if not candidates:
+    outcome = unplaced_outcome(v.reason_code for v in candidates)
+    if outcome == Outcome.NO_CAPABLE_NODE:
         return Placement(Outcome.NO_CAPABLE_NODE, (), _no_capable_message(need, states), ranked)
     partial = (
         f" ({placed} of {need.count} fitted before capacity ran out; none were placed)" if placed else ""
     )
     report = _report(ranked)
-    if all(v.reason_code in BLIND for v in candidates):
+    if outcome == Outcome.FLEET_UNREADABLE:
         message = (
             f"fleet unreadable: cannot read the capacity of any capable node; this is NOT a full fleet, "
             f"check the node agents{partial}.\n{report}"
@@ -607,6 +608,22 @@ def _no_placement(
         f"the request waits for capacity{partial}.\n{report}"
     )
     return Placement(Outcome.FLEET_AT_CAPACITY, (), message, ranked)
+
+
+def unplaced_outcome(capable: Iterable[str | None]) -> Outcome:
+    """Which of the three no-placement outcomes, from the reason codes of the CAPABLE nodes alone: those that have
+    every capability asked for and could hold one instance when empty (None for a node with no reason, one that
+    is readable). Nodes that lack a capability or are too small say nothing about whether the capable ones are
+    full or blind, so they are not passed in. No capable node: no_capable_node (permanent, never queued); every
+    capable node blind (offline, dead, stale, unreadable): fleet_unreadable, which is NOT a full fleet; anything
+    else (full, reserved, draining, a group rule): fleet_at_capacity. The scheduler's decision (leases/scheduler.py
+    `Scheduler.decide`) and `place` name their outcomes with this one rule."""
+    codes = list(capable)
+    if not codes:
+        return Outcome.NO_CAPABLE_NODE
+    if all(code in BLIND for code in codes):
+        return Outcome.FLEET_UNREADABLE
+    return Outcome.FLEET_AT_CAPACITY
 
 
 def _no_capable_message(need: Need, states: Sequence[NodeState]) -> str:

@@ -8,18 +8,31 @@ from django.http import QueryDict
 from fleet.api.serializers import PreviewSerializer, ReasonSerializer
 from slotkeeper.forms import Checked, check, number, words
 
-PREVIEW_DEFAULTS = {"mem_mib": "4096", "cpu_cores": "2", "disk_gib": "0", "count": "1"}
+PREVIEW_DEFAULTS = {"mem_mib": "4096", "cpu_cores": "2", "disk_gib": "0", "count": "1", "duration_s": "3600"}
 
 
 def check_preview(post: QueryDict) -> Checked:
-    names = ("mem_mib", "cpu_cores", "disk_gib", "count", "capabilities", "preferred_node")
+    names = (
+        "mem_mib",
+        "cpu_cores",
+        "disk_gib",
+        "count",
+        "duration_s",
+        "start",
+        "capabilities",
+        "preferred_node",
+    )
     values = {name: post.get(name, "").strip() for name in names}
     body: dict = {
-        name: number(values[name]) for name in ("mem_mib", "cpu_cores", "disk_gib", "count") if values[name]
+        name: number(values[name])
+        for name in ("mem_mib", "cpu_cores", "disk_gib", "count", "duration_s")
+        if values[name]
     }
     body["capabilities"] = words(values["capabilities"])
     if values["preferred_node"]:
         body["preferred_node"] = values["preferred_node"]
+    if values["start"]:
+        body["start"] = values["start"]  # ISO; without a zone it is UTC, as in the API and the lease form
     return check(PreviewSerializer, body, values)
 
 

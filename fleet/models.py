@@ -212,6 +212,9 @@ class PlacementReport(models.Model):
     subject = models.CharField(max_length=64)  # "preview", "lease:7", "reschedule:3"; Meta.indexes
     request = models.JSONField()
     outcome = models.CharField(max_length=32)
+    # For a decision that placed nothing: which of the placer's three outcomes (no_capable_node, fleet_unreadable,
+    # fleet_at_capacity), as a rejected lease's 409 answers it in `code`; "" when placed (or stored before).
+    code = models.CharField(max_length=32, blank=True, default="")
     message = models.TextField()
     chosen = models.JSONField(default=list)
     preferred_note = models.TextField(blank=True)

@@ -6,7 +6,8 @@ capacity verdict is written when the report is read, from its code and figures, 
 names: a stored dict per node made a 1,000-node report 381 KiB and most of a decision's time (docs/capacity.md).
 
 A row, as the API and the console show it:
-  node, node_id, fit (holds > 0), holds, slots (the same, for older readers), reason_code, reason, rank, chosen,
+  node, node_id, fit (holds > 0), holds (of this request's VMs), slots (VMs of this size it could take: seed 001's
+  free slots; `holds` in reports stored before it was kept), reason_code, reason, rank, chosen,
   headroom, blockers (lease ids in the way), numbers {dimension, need, free, allocatable, window_start, window_end}
 """
 
@@ -45,6 +46,7 @@ class Verdict:
     chosen: bool
     blockers: tuple[int, ...] = ()
     note: str = ""
+    slots: int | None = None  # seed 001's free slots for this VM size; None: as `holds`
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +70,9 @@ class Columns:
     blockers: dict[int, tuple[int, ...]]
     note: IntColumn
     texts: Sequence[str]
+    # Seed 001's free slots: how many VMs of the asked size each node could take, whatever the request's count
+    # (`holds` is bounded by it). None: the same as `holds` (a placer report, or one stored before).
+    slots: IntColumn | None = None
 
     @classmethod
     def of(cls, verdicts: Sequence[Verdict]) -> Columns:
@@ -89,6 +94,7 @@ class Columns:
             blockers={v.node: v.blockers for v in verdicts if v.blockers},
             note=[text_at[v.note] if v.note else -1 for v in verdicts],
             texts=texts,
+            slots=[_slots_of(v) for v in verdicts],
         )
 
     def verdicts(self) -> list[Verdict]:
@@ -96,6 +102,7 @@ class Columns:
         holds, dim, need, free = _plain(self.holds), _plain(self.dim), _plain(self.need), _plain(self.free)
         allocatable, rank = _plain(self.allocatable), _plain(self.rank)
         code, note = _plain(self.code), _plain(self.note)
+        slots = _plain(self.slots) if self.slots is not None else holds
         return [
             Verdict(
                 node,
@@ -109,9 +116,15 @@ class Columns:
                 node in chosen,
                 self.blockers.get(node, ()),
                 self.texts[note[i]] if note[i] >= 0 else "",
+                slots[i],
             )
             for i, node in enumerate(_plain(self.node))
         ]
+
+
+def _slots_of(v: Verdict) -> int:
+    slots = getattr(v, "slots", None)  # a verdict-like object without one counts as its `holds`
+    return v.holds if slots is None else int(slots)
 
 
 def encode(
@@ -152,6 +165,8 @@ def encode(
         "chosen": cols.chosen,
         "blockers": {str(n): list(b[:BLOCKERS_NAMED]) for n, b in cols.blockers.items() if b},
     }
+    if cols.slots is not None:
+        blob["slots"] = _runs(cols.slots)
     # Exclusion sentences are few and repeated ("lacks accel.gpu" on most of a fleet): each stored once, in the
     # order they first appear.
     if cols.texts:  # none at all in most reports: nothing to renumber
@@ -196,7 +211,7 @@ def _per_dim(dim: npt.NDArray[np.int64], need: npt.NDArray[np.int64]) -> dict[st
 # consecutive node ids. Packing halves a 1,000-node report's JSON, and so the time to write it. `free` and `alloc`
 # were plain lists in older reports, which read back as they are; packed, a placed lease's report on a fleet of
 # one node size is half as long (its allocatable column was half of it).
-_PACKED = ("node", "holds", "code", "dim", "note", "rank", "free", "alloc")
+_PACKED = ("node", "holds", "code", "dim", "note", "rank", "free", "alloc", "slots")
 
 
 def _runs(values: IntColumn) -> list[int] | dict[str, list[int]]:
@@ -313,6 +328,7 @@ def decode(
     free, alloc = b["free"], b["alloc"]
     blockers = b["blockers"]
     headroom = b.get("headroom") or [None] * n
+    slots = b.get("slots") or b["holds"]
     # An exclusion's own sentence: an index into `texts`, or (reports stored before that) by node id in `notes`.
     by_node = b.get("notes", {})
     index = b["note"] if "note" in b else [-1] * n
@@ -330,9 +346,9 @@ def decode(
     free_u = _in_user_units(free, cpu, cores)
     alloc_u = _in_user_units(alloc, cpu, cores)
     rows = []
-    for node, dim, want, c, held, fr, al, rank, note, room, want_u, fr_u, al_u in zip(
+    for node, dim, want, c, held, fr, al, rank, note, room, want_u, fr_u, al_u, slot in zip(
         nodes, dims, wanted, code, b["holds"], free, alloc, b["rank"], notes, headroom, need_u, free_u, alloc_u,
-        strict=True,
+        slots, strict=True,
     ):  # fmt: skip
         blocked = blockers.get(str(node), []) if blockers else []
         reason = note
@@ -347,7 +363,7 @@ def decode(
                 "node_id": node,
                 "fit": held > 0,
                 "holds": held,
-                "slots": held,
+                "slots": slot,
                 "reason_code": c,
                 "reason": reason or None,
                 "rank": rank or None,
@@ -469,6 +485,11 @@ def _text(dim: str, value: int) -> str:
             return f"{value // 1024} GiB"
         return f"{value:,} MiB"
     return f"{value:,} GiB"
+
+
+def amount(dim: str, value: int) -> str:
+    """A figure in a person's units: "2 cores", "8 GiB", "40,000 MiB", "500 GiB" (cpu in hundredths of a core)."""
+    return _text(dim, value)
 
 
 def _iso(t: float) -> str:

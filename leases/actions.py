@@ -15,7 +15,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from fleet.capacity import BLIND, PERMANENT
+from fleet import wording
 from fleet.models import PlacementReport, SweepState
 from leases import forecasting, reads, store, vnodes
 from leases.alerts import raise_alert, resolve_open
@@ -178,7 +178,7 @@ def _answer(
     refused = state in (LeaseState.FAILED, LeaseState.REJECTED)
     accepted = report.outcome != "rejected" and not refused
     message = lease.message if state == LeaseState.FAILED and lease.message else report.message
-    decision = Decision(accepted, lease.pk, state, message)
+    decision = Decision(accepted, lease.pk, state, message, "" if accepted else report.code or "rejected")
     return Submitted(lease, decision, report, replayed)
 
 
@@ -187,41 +187,58 @@ PREVIEW_ID = -1
 
 
 def do_preview(actor, data: dict, *, now: datetime) -> tuple[dict, PlacementReport]:
-    """ "Would this fit now, and where?": `count` VMs of the given size with the given capabilities, from now for
-    `duration_s`, asked of the scheduler exactly as a submission is (the same verdicts as that lease's report
-    would give), kept as a report and audited; nothing is placed. Outcomes as the placer names them.
+    """ "Would this fit, and where?": `count` VMs of the given size with the given capabilities, for `duration_s`
+    from now (as an immediate lease) or from `start` (as an advance reservation), decided by the very step a
+    submission of that lease takes (`Scheduler.decide`): the preview differs from a submission only in writing no
+    lease. Kept as a report with every node's verdict and audited; nothing is placed.
 
     A read: asked of the scheduler the last pass committed when it is current (store.consulting), so a preview
     takes no plan lock and bumps no version; the report and its audit row are written after, in a transaction
     of their own."""
     size = vnodes.as_res({k: data[k] for k in ("cpu_cores", "mem_mib", "disk_gib")})
+    start_at = data.get("start")
+    duration = data.get("duration_s") or 3600
     with store.consulting(now) as plan:
         others = [n.id for n in plan.nodes if n.name != data.get("preferred_node")]
         preferred = data.get("preferred_node") and len(others) < len(plan.nodes)
         probe = LeaseRequest(
             id=PREVIEW_ID,
-            type="immediate",
+            type="advance_reservation" if start_at is not None else "immediate",
             submit=plan.t,
-            start=None,
-            duration=data.get("duration_s") or 3600,
+            start=store.to_epoch(start_at) if start_at is not None else None,
+            duration=duration,
             vnodes=(size,) * data["count"],
             preemptible=False,
             avoid=frozenset(others) if preferred else frozenset(),
             barred=store.barred_nodes(data["capabilities"], (), plan.nodes),
+            capabilities=frozenset(data["capabilities"]),
         )
-        start, end = plan.t, plan.t + probe.duration
-        picked = plan.scheduler.propose(probe, start, end, plan.excluded)
+        trial = plan.scheduler.decide(probe, plan.t, plan.excluded)
+        picked = trial.nodes
         names = plan.names
         report = store.report_row(
-            plan, probe, start, end, outcome="", message="", subject="preview",
+            plan, probe, trial.start, trial.end, outcome=trial.outcome, message="", subject="preview",
             requested_by=actor_label(actor), proposed=picked,
         )  # fmt: skip
-    report.outcome = _preview_outcome(picked, report.counts)
-    report.message = f"would run now on {', '.join(names[n] for n in picked)}" if picked else report.summary
+        when = (
+            "now"
+            if start_at is None
+            else f"over {plan.scheduler.label(trial.start)}–{plan.scheduler.label(trial.end)}"
+        )
+    if trial.placed:
+        report.message = f"would run {when} on {', '.join(names[n] for n in picked)}"
+        if trial.preempt:
+            ids = ", ".join(str(i) for i in trial.preempt)
+            report.message += f", preempting best-effort lease{'s' if len(trial.preempt) > 1 else ''} {ids}"
+    elif trial.outcome == "no_capable_node":
+        report.message = trial.message
+    else:
+        report.message = f"{wording.words(trial.outcome)}: {report.summary}"
     note = ""
     if preferred and picked and names[picked[0]] != data["preferred_node"]:
         note = f"the preferred node {data['preferred_node']} cannot take it now; see its verdict"
     report.preferred_note = note
+    report.code = "" if trial.placed else trial.outcome
     with transaction.atomic():
         # A record of a question, which changed nothing: its commit does not wait for the disk, whose slowest
         # flushes were most of a preview's p99 (slotkeeper/statements.py).
@@ -241,23 +258,14 @@ def do_preview(actor, data: dict, *, now: datetime) -> tuple[dict, PlacementRepo
         "nodes": list(report.chosen),
         "message": report.message,
         "preferred_note": note or None,
+        "start": store.from_epoch(trial.start),
+        "end": store.from_epoch(trial.end),
+        "preempts": list(trial.preempt),
         "report": report.pk,
         "summary": report.summary,
         "verdicts": report.rows,  # decoded once: a 1,000-node report's sentences are most of reading it
     }
     return body, report
-
-
-def _preview_outcome(picked: list[int], counts: dict[str, int]) -> str:
-    """The placer's outcome names, from the report's counts per reason code (no rows decoded for it)."""
-    if picked:
-        return "placed"
-    codes = {code for code, n in counts.items() if n and code not in ("evaluated", "fit")}
-    if codes and codes <= {str(c) for c in PERMANENT}:
-        return "no_capable_node"
-    if not codes or codes <= {str(c) for c in BLIND}:
-        return "fleet_unreadable"
-    return "fleet_at_capacity"
 
 
 def do_cancel_lease(actor, lease_id: int, *, now: datetime, reason: str = "") -> Lease:

@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from leases.lifecycle import LeaseState, lease_transition
-from leases.scheduling.explain import Explaining
+from leases.scheduling.deciding import Deciding
 from leases.scheduling.forecast import Estimate, Snapshot, forecast, snapshot
 from leases.scheduling.records import (
     ACTIVE,
@@ -73,9 +73,10 @@ __all__ = [
 _S = LeaseState
 
 
-class Scheduler(Explaining):
-    """The public face: submit, cancel, advance, restore. The layers below it, each a class of its own module:
-    PlanBook (state and changes) <- Mapper <- Backfilling <- Preemption <- EventLoop <- Explaining <- Scheduler."""
+class Scheduler(Deciding):
+    """The public face: submit, cancel, advance, restore, decide. The layers below it, each a class of its own
+    module: PlanBook (state and changes) <- Mapper <- Backfilling <- Preemption <- EventLoop <- Explaining <-
+    Deciding <- Scheduler."""
 
     def submit(
         self, req: LeaseRequest, now: float, excluded: Mapping[int, str] | None = None, *, defer: bool = False
@@ -92,10 +93,10 @@ class Scheduler(Explaining):
         rec = LeaseRecord(request=req)
         self.leases[req.id] = rec
         self._set_state(rec, _S.PENDING, now)
-        refusal = self._admission_refusal(req, now)
+        code, refusal = self._admission_refusal(req, now)
         if refusal:
             self._set_state(rec, _S.REJECTED, now)
-            return Decision(False, req.id, rec.state, refusal)
+            return Decision(False, req.id, rec.state, refusal, code)
         if req.type == BEST_EFFORT:
             return self._submit_best_effort(rec, now, defer)
         return self._submit_fixed(rec, now, defer)
@@ -217,7 +218,12 @@ class Scheduler(Explaining):
         if lease.in_future:
             self._future.add(lid)
 
-    def observe(self, extra: Mapping[int, Res], columns: npt.NDArray[np.int64] | None = None) -> None:
+    def observe(
+        self,
+        extra: Mapping[int, Res],
+        columns: npt.NDArray[np.int64] | None = None,
+        headroom: Mapping[int, float] | None = None,
+    ) -> None:
         """The now-gate (docs/capacity.md): per node, what it is observed to use beyond what the plan holds there
         now (host memory above its remembered baseline, disk filled outside the plan). Work starting now must fit
         that as well; later reservations are planned against allocatable alone. `columns`: the same figures as
@@ -231,6 +237,10 @@ class Scheduler(Explaining):
         ):  # kept as it was when nothing changed, so what is derived from it is kept too
             self._now_extra = seen
         self._extra_memo = (self._now_extra, self.table.arrays(), columns) if columns is not None else None
+        if headroom is not None and headroom != self._headroom:
+            self._headroom = (
+                headroom  # kept as it was when nothing changed (the ranking's column by identity)
+            )
 
     def settle(self, now: float) -> None:
         """After restoring: plan again every displaced lease (see `restore`), then isolate every broken one."""
@@ -279,28 +289,6 @@ class Scheduler(Explaining):
         for lid, reason in broken:
             self._isolate(self.leases[lid], now, reason)
 
-    def _admission_refusal(self, req: LeaseRequest, now: float) -> str:
-        if req.type not in (BEST_EFFORT, ADVANCE_RESERVATION, IMMEDIATE):
-            return f"lease type {req.type} is not supported (best_effort, advance_reservation, immediate)"
-        if not req.vnodes or req.duration <= 0:
-            return "a lease needs at least one vnode and a positive duration"
-        if not self._packs(req.vnodes):
-            return f"{len(req.vnodes)} vnode(s) of this size do not fit even on the whole, empty fleet"
-        if req.type == ADVANCE_RESERVATION and self.config.policy_admission == "no-ARs":
-            return "advance reservations are not admitted (policy-admission = no-ARs)"
-        if req.type == ADVANCE_RESERVATION:
-            # "In the past" is judged at the request's arrival (`submit`), not at the pass that plans it: group
-            # commit plans every waiting request at the pass's one `now`, and a start that was ahead when the
-            # request arrived may have passed by then. Such a late AR gets the rest of its window (see
-            # `_ar_window`); only one whose whole window has passed is refused for lateness.
-            if req.start is None or req.start < req.submit:
-                when = "no start" if req.start is None else f"{self.label(req.start)} is in the past"
-                return f"an advance reservation must start at or after the time it is requested ({when})"
-            if req.start + req.duration <= now:
-                window = f"{self.label(req.start)}–{self.label(req.start + req.duration)}"
-                return f"advance reservation rejected: its whole window {window} passed before it could be planned"
-        return ""
-
     def _submit_best_effort(self, rec: LeaseRecord, now: float, defer: bool) -> Decision:
         self._set_state(rec, _S.QUEUED, now)
         self._enqueue(rec)
@@ -314,13 +302,13 @@ class Scheduler(Explaining):
         if req.type == ADVANCE_RESERVATION:
             start, vm_end = self._ar_window(req, now)
             end = vm_end + self.timing.shutdown_time(req)
-            plan = self._plan_exact(rec, now)
         else:
             start, end = now, now + req.duration + self.timing.shutdown_time(req)
-            plan = self._plan_asap(rec, now, allow_future=False)
+        plan = self.plan_fixed(rec, now)  # the step `decide` takes too: a preview and a submission agree
         if plan is None:
             self._set_state(rec, _S.REJECTED, now)
-            return Decision(False, req.id, rec.state, self._rejection(req, start, end))
+            outcome = self.unplaced(req)
+            return Decision(False, req.id, rec.state, self._rejection(req, start, end, outcome), outcome)
         for victim in plan.preempt:
             self._preempt(self.leases[victim], start, now)
         self._commit(rec, plan, now)
@@ -328,11 +316,6 @@ class Scheduler(Explaining):
             self._process_queue(now)
             self._run_events(now)
         return Decision(True, req.id, rec.state, self._placement_message(rec))
-
-    def _rejection(self, req: LeaseRequest, start: float, end: float) -> str:
-        what = "advance reservation" if req.type == ADVANCE_RESERVATION else "immediate lease"
-        window = f"{self.label(start)}–{self.label(end)}"
-        return f"{what} rejected: no room for {len(req.vnodes)} vnode(s) over {window}"
 
     def describe(self, lease_id: int) -> str:
         """Where the lease stands, in the words of its decision message ("runs … on n2", "queued at position 3")."""

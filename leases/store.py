@@ -88,7 +88,7 @@ def _as_res(limits: capacity.Limits) -> Res:
 def scheduler_config() -> SchedulerConfig:
     """Haizea's options from settings, with the live service's own decisions (docs/scheduler.md)."""
     config = SchedulerConfig.from_options(getattr(settings, "SLOTKEEPER_SCHEDULING", {}))
-    return replace(config, whole_window_retry=True)
+    return replace(config, whole_window_retry=True, rank_by_slots=True)
 
 
 def request_of(
@@ -110,6 +110,7 @@ def request_of(
         taken=rules.taken,
         avoid=rules.avoid,
         barred=barred_nodes(lease.capabilities or (), groups, nodes),
+        capabilities=frozenset(lease.capabilities or ()),
     )
 
 
@@ -538,6 +539,8 @@ def consulting(now: datetime) -> Iterator[Planning]:
     if plan is None:
         metrics.inc("slotkeeper_scheduler_reads_total", how="pass")
         with planning(now) as plan:
+            # What a submission does before it plans: the reservations due by now start and end.
+            plan.scheduler.catch_up(plan.t)
             yield plan
         return
     try:
@@ -582,6 +585,8 @@ def _current_read(now: datetime) -> Planning | None:
         got = cursor.fetchone()
     if got is None or (got[0], bool(got[1])) != (cached.version, False):
         return None  # another process committed since, or requests wait to be planned: a pass's work
+    if cached.scheduler.due(to_epoch(now)):
+        return None  # a reservation starts or ends by now: a submission would plan on the table after it
     fleet = read_fleet(now)
     if fleet.fingerprint() != cached.fingerprint:
         return None  # a pass would reload the scheduler for this fleet
@@ -701,6 +706,7 @@ def _plan_intents(plan: Planning) -> list[int]:
                     message=lease.message,
                     requested_by=actor_label(lease.submitted_by),
                     shared=shared,
+                    code="" if decision.accepted else decision.code or "rejected",
                 )
             )
             audits.append(
@@ -774,7 +780,23 @@ def _prepare(sched: Scheduler, plan: Planning) -> None:
 
 
 def _observe(sched: Scheduler, plan: Planning) -> None:
-    sched.observe(*observed_extra(plan.nodes, sched, plan.t, plan.excluded))
+    extra, columns = observed_extra(plan.nodes, sched, plan.t, plan.excluded)
+    sched.observe(extra, columns, headroom_of(plan.nodes))
+
+
+# The last headroom mapping handed to a scheduler, kept while every node's figure is the same: the scheduler keeps
+# its ranking column by the mapping's identity.
+_headroom_kept: dict[int, float] = {}
+
+
+def headroom_of(nodes: Sequence[capacity.NodeState]) -> dict[int, float]:
+    """Per node, its live CPU headroom (idle %, 0 when unknown or stale): the placer's tie-break between two nodes
+    with as many free slots (seed 001: the idler node)."""
+    global _headroom_kept
+    got = {n.id: capacity.headroom_of(n) for n in nodes}
+    if got != _headroom_kept:
+        _headroom_kept = got
+    return _headroom_kept
 
 
 def _restart_pass(plan: Planning) -> None:
@@ -899,6 +921,7 @@ def placement_report(
     requested_by: str = "",
     subject: str = "",
     shared: dict | None = None,
+    code: str = "",
 ) -> Row:
     """An unsaved report of the scheduler's decision about a lease, every node's verdict in it (docs/capacity.md):
     over the VM reservation it got, or over the window it asked for (an AR's, or from now) when it got none. A
@@ -922,7 +945,7 @@ def placement_report(
     return Row(
         **report_fields(
             plan, req, start, end, outcome=outcome, message=message, chosen=chosen,
-            requested_by=requested_by, subject=subject or f"lease:{lease_id}", shared=shared,
+            requested_by=requested_by, subject=subject or f"lease:{lease_id}", shared=shared, code=code,
         )
     )  # fmt: skip
 
@@ -945,6 +968,7 @@ def report_fields(
     chosen: Mapping[int, Res] | None = None,
     proposed: Sequence[int] = (),
     shared: dict | None = None,
+    code: str = "",
 ) -> dict[str, Any]:
     """The fields of a report of `req` over [start, end): what it holds (`chosen`, added back) or would take
     (`proposed`), and every node's verdict, stored compactly (fleet/reports.py).
@@ -973,6 +997,7 @@ def report_fields(
             "duration_s": req.duration,
         },
         "outcome": outcome,
+        "code": code,
         "message": message,
         "chosen": [names.get(n, str(n)) for n in picked],
         "verdicts": verdicts,

@@ -123,4 +123,6 @@ def send_on_commit(event: str, **payload: Any) -> None:
 
         flush._slotkeeper_flush = True  # type: ignore[attr-defined]
         transaction.on_commit(flush)
-    connection.__dict__[_BUFFER].append({"event": event, **payload})
+    # setdefault: a flush that already ran (a test's captured on-commit hooks run it before the transaction ends)
+    # took the buffer with it.
+    connection.__dict__.setdefault(_BUFFER, []).append({"event": event, **payload})

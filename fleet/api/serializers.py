@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from datetime import timedelta
 
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
@@ -303,6 +304,11 @@ class OptionalReasonSerializer(StrictSerializer):
     reason = serializers.CharField(max_length=300, required=False, allow_blank=True, default="")
 
 
+# How far ahead a what-if's window may start: a lease's own bound (leases/request_rules.MAX_START_AHEAD, which fleet
+# may not import; a test holds the two equal).
+PREVIEW_START_AHEAD = timedelta(days=10 * 366)
+
+
 class PreviewSerializer(StrictSerializer):
     mem_mib = StrictIntegerField(min_value=1, max_value=MAX_MEM_MIB)
     disk_gib = StrictIntegerField(min_value=0, max_value=MAX_DISK_GIB, required=False, default=0)
@@ -317,8 +323,27 @@ class PreviewSerializer(StrictSerializer):
         max_value=10 * 365 * 86400,
         required=False,
         default=3600,
-        help_text="How long the VMs would run from now: the window the verdicts are about.",
+        help_text="How long the VMs would run (from `start`, or from now): the window the verdicts are about.",
     )
+    start = BoundedDateTimeField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="Ask as an advance reservation for [start, start + duration_s) would be decided (at or after "
+        "now, at most about ten years ahead); without it, as an immediate lease from now.",
+    )
+
+    def validate(self, attrs):
+        start = attrs.get("start")
+        if start is not None:
+            now = timezone.now()
+            if start < now:
+                raise serializers.ValidationError({"start": f"{start.isoformat()} is in the past."})
+            if start > now + PREVIEW_START_AHEAD:
+                raise serializers.ValidationError(
+                    {"start": f"An advance reservation starts at most {PREVIEW_START_AHEAD.days} days ahead."}
+                )
+        return attrs
 
 
 class VerdictRows(serializers.ListSerializer):
@@ -371,6 +396,12 @@ class PlacementResultSerializer(serializers.Serializer):
     nodes = serializers.ListField(child=serializers.CharField())
     message = serializers.CharField()
     preferred_note = serializers.CharField(allow_null=True, required=False)
+    start = serializers.DateTimeField(help_text="The window asked about: from now, or the `start` given.")
+    end = serializers.DateTimeField()
+    preempts = serializers.ListField(
+        child=serializers.IntegerField(),
+        help_text="Best-effort leases an advance reservation for this window would suspend or requeue.",
+    )
     report = serializers.IntegerField(help_text="Id of the stored placement report.")
     summary = serializers.CharField(
         required=False, help_text="What the fleet holds of the request, in one line."

@@ -212,15 +212,17 @@ def idempotency_of(request) -> Idempotency | None:
 def check_against_fleet(attrs) -> None:
     """What a lease request's body is checked against in the database: every VM fits some live node, every group
     exists. Raises the serializer's ValidationError."""
-    _check_sizes(attrs["nodes"])
+    _check_sizes(attrs["nodes"], attrs.get("capabilities") or ())
     if attrs["groups"]:  # most requests name none: no queryset built for them
         known = set(Group.objects.filter(name__in=attrs["groups"]).values_list("name", flat=True))
         if missing := sorted(set(attrs["groups"]) - known):
             raise serializers.ValidationError({"groups": f"Unknown group(s): {', '.join(missing)}."})
 
 
-def _check_sizes(vnodes):
-    """Each VM must fit on one node's allocatable capacity (docs/capacity.md): larger can never be placed."""
+def _check_sizes(vnodes, capabilities=()):
+    """Each VM must fit on one node's allocatable capacity (docs/capacity.md): larger can never be placed. The
+    message names the largest node that has the lease's capabilities (the one it would need to outgrow), or says
+    that none has them."""
     # Per distinct shape, not per node: a fleet has a few, and this runs for every lease request (reading
     # 1,000 nodes' figures was a few ms of each).
     shapes = {shape: nodestate.allocatable(*shape) for shape in live_shapes()}
@@ -233,14 +235,7 @@ def _check_sizes(vnodes):
     for i, v in enumerate(vnodes):
         problems = []
         if v["mem_mib"] > largest.mem_mib:
-            # Named only when needed: the first node by name with the most allocatable memory.
-            biggest = {shape for shape, lim in shapes.items() if lim.mem_mib == largest.mem_mib}
-            live = Node.objects.exclude(status="dead").values_list("name", *FIGURES)
-            named = (name for name, *shape in live if tuple(shape) in biggest)
-            name = next(named, "a node since removed")  # removed between the two reads
-            problems.append(
-                f"mem_mib {v['mem_mib']} exceeds the largest node ({name}, {largest.mem_mib} MiB allocatable)"
-            )
+            problems.append(f"mem_mib {v['mem_mib']} exceeds {_largest_named(largest.mem_mib, capabilities)}")
         if v["cpu_cores"] > max_cpu:
             problems.append(f"cpu_cores {v['cpu_cores']} exceeds the largest node's {max_cpu} cores")
         if v["disk_gib"] > max_disk:
@@ -249,6 +244,28 @@ def _check_sizes(vnodes):
             errors[i] = "; ".join(problems)
     if errors:
         raise serializers.ValidationError({"nodes": {str(i): msg for i, msg in errors.items()}})
+
+
+def _largest_named(largest_mib: int, capabilities) -> str:
+    """ "the largest node (tank, 51200 MiB allocatable)", or with capabilities the largest node that has them all
+    (by allocatable memory, then name), among the nodes not dead, as the check itself. Read only when a request is
+    refused: every live node's row."""
+    wanted = set(capabilities)
+    live = sorted(
+        (-nodestate.allocatable(*shape).mem_mib, name, set(caps or ()))
+        for name, caps, *shape in Node.objects.exclude(status="dead").values_list(
+            "name", "capabilities", *FIGURES
+        )
+    )
+    if not wanted:
+        name = next((name for mem, name, _ in live if -mem == largest_mib), "a node since removed")
+        return f"the largest node ({name}, {largest_mib} MiB allocatable)"
+    with_caps = [(name, -mem) for mem, name, caps in live if wanted <= caps]
+    listed = ", ".join(sorted(wanted))
+    if not with_caps:
+        return f"the largest node ({largest_mib} MiB allocatable), and no live node has {listed}"
+    name, mem = with_caps[0]
+    return f"the largest node with {listed} ({name}, {mem} MiB allocatable)"
 
 
 class ReservationSerializer(serializers.ModelSerializer):
@@ -307,6 +324,27 @@ class ReportSummarySerializer(ReportBriefSerializer):
     def get_url(self, report) -> str:
         # The documented path, with its slash (the router resolves both and reverses to the bare one).
         return reverse("api:placement-report-detail", args=[report.pk]).rstrip("/") + "/"
+
+
+class LeaseRejectedSerializer(serializers.Serializer):
+    """The answer to a lease request that was not placed (409), for the schema: the view writes it."""
+
+    detail = serializers.CharField(
+        help_text="Why, in words: the missing capability, the largest capable node..."
+    )
+    code = serializers.ChoiceField(
+        choices=["no_capable_node", "fleet_at_capacity", "fleet_unreadable", "rejected"],
+        help_text="no_capable_node: no node could ever take it (permanent: not queued, do not retry as it is); "
+        "fleet_at_capacity: capable nodes exist and are full or booked over the window (transient); "
+        "fleet_unreadable: capable nodes exist but none can be read now (offline, silent: NOT a full fleet); "
+        "rejected: refused for its window (an advance reservation whose whole window passed).",
+    )
+    lease = serializers.IntegerField()
+    state = serializers.CharField()
+    verdicts = VerdictSerializer(many=True, required=False, help_text="Every node's verdict.")
+    report = ReportSummarySerializer(
+        required=False, help_text="With Prefer: return=minimal, instead of verdicts."
+    )
 
 
 class LeaseSerializer(serializers.ModelSerializer):

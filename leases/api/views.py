@@ -84,9 +84,13 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
                 resource_type_field_name=None,
             ),
             409: OpenApiResponse(
-                description="an advance reservation or immediate lease that cannot be placed: `detail`, "
-                "`lease`, `state`, and the report's `verdicts` (with `Prefer: return=minimal`, `report`: its "
-                "summary, counts and URL, instead)"
+                response=s.LeaseRejectedSerializer,
+                description="a lease that cannot be placed: an advance reservation or immediate lease with no "
+                "room (`code` fleet_at_capacity, or fleet_unreadable when no capable node can be read), or a "
+                "lease of any type no node could ever take (`code` no_capable_node: no node has every capability "
+                "it asks for, or every such node is too small for its VMs even when empty; `detail` names the "
+                "missing capability or the largest capable node, and the lease is never queued). With "
+                "`Prefer: return=minimal`, `report` (its summary, counts and URL) instead of `verdicts`.",
             ),
             422: OpenApiResponse(
                 description="the Idempotency-Key was used before by this account for a request with another "
@@ -110,7 +114,12 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
             # Rejected is the scheduler's answer (409); failed means it could not plan the lease at all, which
             # is the server's fault, not a conflict the client can resolve.
             failed = result.decision.state == LeaseState.FAILED
-            body = {"detail": result.decision.message, "lease": result.lease.pk, "state": result.lease.state}
+            body = {
+                "detail": result.decision.message,
+                "code": result.decision.code,
+                "lease": result.lease.pk,
+                "state": result.lease.state,
+            }
             if minimal:
                 body["report"] = s.plain(s.ReportSummarySerializer, result.report)
             else:

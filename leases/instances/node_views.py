@@ -25,6 +25,7 @@ from fleet.api.serializers import MAX_PARALLEL_MOVES
 from fleet.models import HealthSample, Node, NodeStatus, PlacementReport
 from fleet.views import CapacityTotals, chart, matches, node_rows
 from leases import reads as lease_reads
+from leases.instances import placing
 from leases.instances.actions import nodes
 from leases.models import Allocation
 from slotkeeper.decorators import role_required
@@ -111,6 +112,11 @@ def drain_preview(request, node_id: int):
         "holdings": held,
         "running": [a for a in held if a.start <= now],
         "lease_count": len({a.reservation.lease_id for a in held}),
+        # Where each live instance would go: asked only once the drain has its reason (the form shows an error
+        # otherwise), and only of a node that is not already dead.
+        "targets": placing.drain_targets(node.pk, now)
+        if request.GET.get("reason", "").strip() and node.status != NodeStatus.DEAD
+        else [],
     }
     template = "fleet/_drain_preview.html" if request.htmx else "fleet/drain_preview.html"
     return render(request, template, context)

@@ -327,14 +327,17 @@ def decide_move(
         if first.verdicts["chosen"] == [preferred]:
             return MoveDecision(preferred, first)
         passed_over = _why_not(first, plan.names.get(preferred), plan.names)
-    found = plan.scheduler.propose(req, start, end, plan.excluded)
+    # The question a submission asks (Scheduler.decide): the same ranking, gates and outcome names.
+    trial = plan.scheduler.decide(req, plan.t, plan.excluded)
+    found = trial.nodes if trial.placed else []
     if found:
         chosen = report(found[:1])
         if chosen.verdicts["chosen"] == found[:1]:
             return MoveDecision(found[0], chosen, passed_over)
     refused = first if first is not None else report([])
     refused.chosen = []
-    refused.outcome = _no_placement(refused.counts)
+    refused.outcome = trial.outcome if not trial.placed else str(capacity.Outcome.FLEET_AT_CAPACITY)
+    refused.code = refused.outcome
     # The outcome first, as the placer worded it ("fleet at capacity: ..."): the console and operators read it.
     refused.message = f"{refused.outcome.replace('_', ' ')}: {refused.summary}"
     return MoveDecision(None, refused, passed_over)
@@ -350,11 +353,40 @@ def _why_not(report: PlacementReport, node: str | None, names: Mapping[int, str]
     return f"{row.get('reason_code')}: {row.get('reason')}"
 
 
-def _no_placement(counts: Mapping[str, int]) -> str:
-    """The placer's outcome names from a report's counts (as a preview names them)."""
-    codes = {code for code, n in counts.items() if n and code not in ("evaluated", "fit")}
-    if codes and codes <= {str(c) for c in capacity.PERMANENT}:
-        return str(capacity.Outcome.NO_CAPABLE_NODE)
-    if not codes or codes <= {str(c) for c in capacity.BLIND}:
-        return str(capacity.Outcome.FLEET_UNREADABLE)
-    return str(capacity.Outcome.FLEET_AT_CAPACITY)
+@dataclass(frozen=True)
+class DrainTarget:
+    """Where one live instance of a node would go if the node were drained now: a node's name, or the outcome that
+    keeps it where it is (no_capable_node, fleet_at_capacity, fleet_unreadable)."""
+
+    iid: str
+    lease_id: int
+    target: str | None
+    outcome: str
+
+
+def drain_targets(node_id: int, now: datetime) -> list[DrainTarget]:
+    """The drain preview's question, asked as a move's approval asks it (Scheduler.decide over the instance's
+    remaining window, its group rules, the node itself ruled out as draining): where each live instance of the node
+    would go now. Each is asked alone on the plan as it stands; the approvals that apply them are decided in order,
+    each counting the ones before. Reads only."""
+    insts = list(
+        Instance.objects.filter(node_id=node_id, state__in=LIVE)
+        .select_related("lease")
+        .prefetch_related("lease__groups")
+        .order_by("id")
+    )
+    if not insts:
+        return []
+    out = []
+    with store.consulting(now) as plan:
+        fleet = FleetView.read(now, plan.nodes)
+        excluded = {**plan.excluded, node_id: "draining: the drain being previewed"}
+        for inst in insts:
+            req = move_request(plan, inst, fleet)
+            if req is None:
+                out.append(DrainTarget(inst.iid, inst.lease_id, None, "nothing_to_move"))
+                continue
+            trial = plan.scheduler.decide(req, plan.t, excluded)
+            target = plan.names.get(trial.nodes[0]) if trial.placed else None
+            out.append(DrainTarget(inst.iid, inst.lease_id, target, trial.outcome))
+    return out

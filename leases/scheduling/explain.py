@@ -11,7 +11,7 @@ the mapper tried the nodes in. PURE: no Django; sentences are written where node
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import repeat
 
@@ -23,7 +23,7 @@ from fleet.reports import BLOCKERS_NAMED, Columns, Verdict
 from leases.scheduling.events import EventLoop
 from leases.scheduling.mapper import HostOrder, size_order
 from leases.scheduling.records import LeaseRequest
-from leases.slots.arrays import DIMS, NodeArrays
+from leases.slots.arrays import DIMS
 from leases.slots.values import vec
 from leases.slottable import Res
 
@@ -46,6 +46,7 @@ _R = ReasonCode
 CODES: tuple[str, ...] = tuple(c.value for c in ReasonCode)
 _CODE_AT = {c: i for i, c in enumerate(CODES)}
 _NO_RANK = 0
+MISSING = ReasonCode.MISSING_CAPABILITY.value
 
 
 # One node's answer: the stored reports' own shape (fleet/reports.py).
@@ -68,7 +69,6 @@ class Explanation:
 
 
 class Explaining(EventLoop):
-    _extra_memo: tuple[Mapping[int, Res], NodeArrays, npt.NDArray[np.int64]] | None = None
     _ruled_memo: tuple[Mapping[int, str], int, Mapping[int, int], _Ruled] | None = None
 
     def explain(
@@ -144,6 +144,12 @@ class Explaining(EventLoop):
                     free_row = [f + b for f, b in zip(free_row, back, strict=True)]
                     now_row = None if now_row is None else [f + b for f, b in zip(now_row, back, strict=True)]
                 got.set_row(row, _row_verdict(cap[row].tolist(), free_row, now_row, needs, wants, limit))
+        # Seed 001's `slots`: how many VMs of this size each node could take over the window, whatever the lease's
+        # own count (`holds` is bounded by it, and by the group's spread).
+        slots = base.holds.copy()
+        slots[base.too_small] = 0
+        for row in got.rows_set:
+            slots[row] = got.row_copies[row]
         holds, short, codes, capacity_short = got.holds, got.short, got.codes, got.capacity_short
         shown_free, shown_need, shown_cap = got.shown_free, got.shown_need, got.shown_cap
         too_small = got.too_small
@@ -175,14 +181,19 @@ class Explaining(EventLoop):
         code_table: tuple[str, ...] = CODES
         texts: tuple[str, ...] = ()
         ruled = np.zeros(0, dtype=np.int64)
-        for reasons in (_Ruled.of(req.barred, pos), self._ruled(ruled_out, pos)):
+        # Seed 001's order, the first that holds: a missing capability, too small even when empty (what waiting
+        # will not change comes first: a node both too small and draining is too small), then the node's state
+        # (this pass's exclusions), then the group's rules, then capacity. Applied last to first, each over the
+        # one before.
+        lacking, grouped = _Ruled.of(req.barred, pos).split(MISSING)
+        for reasons in (grouped.sparing(too_small), self._ruled(ruled_out, pos).sparing(too_small), lacking):
             if len(reasons.rows):
                 code_table, texts, codes[reasons.rows], notes[reasons.rows] = reasons.joined(
                     code_table, texts
                 )
                 ruled = np.concatenate((ruled, reasons.rows))
         if len(ruled):
-            holds[ruled], short[ruled], ranks[ruled] = 0, MEM, _NO_RANK
+            holds[ruled], short[ruled], ranks[ruled], slots[ruled] = 0, MEM, _NO_RANK, 0
             shown_need[ruled], shown_free[ruled], shown_cap[ruled] = (
                 need[MEM],
                 cap[ruled, MEM],
@@ -210,6 +221,7 @@ class Explaining(EventLoop):
         columns = Columns(
             node=arr.nodes,
             holds=holds,
+            slots=slots,
             code=codes,
             codes=code_table,
             dim=short,
@@ -240,20 +252,6 @@ class Explaining(EventLoop):
         if rec is not None and rec.chain():
             return None
         return (req.vnodes, req.spread, req.taken, req.avoid, req.barred, start, end)
-
-    def _extra_columns(self, arr: NodeArrays) -> npt.NDArray[np.int64]:
-        """The now-gate's extra use as a column per dimension, built once per observation."""
-        got = self._extra_memo
-        if got is not None and got[0] is self._now_extra and got[1] is arr:
-            return got[2]  # given by `observe`, or built by an earlier call for the same observation
-        extra = np.zeros((len(arr.nodes), DIMS), dtype=np.int64)
-        seen = [(arr.pos[n], r) for n, r in self._now_extra.items() if n in arr.pos]
-        if seen:
-            rows = [i for i, _ in seen]
-            for d, name in enumerate(("cpu", "mem", "disk")):
-                extra[rows, d] = np.fromiter((getattr(r, name) for _, r in seen), np.int64, len(seen))
-        self._extra_memo = (self._now_extra, arr, extra)
-        return extra
 
     def _ruled(self, ruled_out: Mapping[int, str], pos: Mapping[int, int]) -> _Ruled:
         """`_Ruled.of` the exclusions, kept while they are the same mapping (by identity and size, as
@@ -292,6 +290,9 @@ class _Capacity:
     shown_need: npt.NDArray[np.int64]
     shown_cap: npt.NDArray[np.int64]
     codes: npt.NDArray[np.int64]
+    # The rows `set_row` worked out again, and how many VMs each holds with no bound (its `slots`).
+    rows_set: list[int] = field(default_factory=list)
+    row_copies: dict[int, int] = field(default_factory=dict)
 
     @classmethod
     def of(
@@ -372,8 +373,10 @@ class _Capacity:
             self.codes.copy(),
         )
 
-    def set_row(self, row: int, verdict: tuple[int, bool, int, bool, int, int, int, int]) -> None:
+    def set_row(self, row: int, verdict: tuple[int, bool, int, bool, int, int, int, int, int]) -> None:
         """One row's verdict (`_row_verdict`'s) written over it."""
+        self.rows_set.append(row)
+        self.row_copies[row] = verdict[8]
         (
             self.holds[row],
             self.too_small[row],
@@ -383,7 +386,7 @@ class _Capacity:
             self.shown_need[row],
             self.shown_cap[row],
             self.codes[row],
-        ) = verdict
+        ) = verdict[:8]
 
 
 def _row_verdict(
@@ -393,9 +396,9 @@ def _row_verdict(
     need: list[int],
     wants: list[int],
     allowed: int,
-) -> tuple[int, bool, int, bool, int, int, int, int]:
+) -> tuple[int, bool, int, bool, int, int, int, int, int]:
     """One node's verdict, `_Capacity.of`'s arithmetic for a single row in Python ints: (holds, too small, short
-    dimension, short of capacity, free, need and allocatable shown, code index or -1)."""
+    dimension, short of capacity, free, need and allocatable shown, code index or -1, slots)."""
     copies = min((max(free[d], 0) // need[d] for d in wants), default=int(UNBOUNDED))
     too_small = any(cap[d] < need[d] for d in wants)
     anti = copies > 0 and allowed == 0 and not too_small
@@ -413,7 +416,8 @@ def _row_verdict(
         busy_now = free_now is not None and any(free_now[d] < need[d] for d in wants)
         code = _CODE_AT[_R.NO_DISK if short == DISK else _R.AT_CAPACITY if busy_now else _R.RESERVED]
     shown_free = cap[short] if too_small else free[short]
-    return holds, too_small, short, capacity_short, shown_free, need[short], cap[short], code
+    slots = 0 if too_small else copies
+    return holds, too_small, short, capacity_short, shown_free, need[short], cap[short], code, slots
 
 
 @lru_cache(maxsize=1024)
@@ -462,6 +466,24 @@ class _Ruled:
         text_of = _ints([texts.index(note) for _, note in split])
         which = which[known]
         return cls(rows[known], code_of[which], code_names, text_of[which], texts)
+
+    def sparing(self, rows: npt.NDArray[np.bool_]) -> _Ruled:
+        """This ruling without the rows marked in `rows` (a fleet-wide mask)."""
+        if not len(self.rows) or not rows.any():
+            return self
+        return self._kept(~rows[self.rows])
+
+    def split(self, code: str) -> tuple[_Ruled, _Ruled]:
+        """(the rows with `code`, the others)."""
+        if code not in self.code_names:
+            return _NONE_RULED, self
+        has = self.codes == self.code_names.index(code)
+        return self._kept(has), self._kept(~has)
+
+    def _kept(self, keep: npt.NDArray[np.bool_]) -> _Ruled:
+        if keep.all():
+            return self
+        return _Ruled(self.rows[keep], self.codes[keep], self.code_names, self.notes[keep], self.texts)
 
     def joined(
         self, codes: tuple[str, ...], texts: tuple[str, ...]

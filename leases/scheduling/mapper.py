@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence, Set
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import fields
 from functools import lru_cache
 from typing import Any
@@ -18,9 +18,11 @@ import numpy.typing as npt
 
 from leases.scheduling.book import PlanBook
 from leases.scheduling.records import (
+    IMMEDIATE,
     LeaseRequest,
 )
-from leases.slots.arrays import NodeArrays
+from leases.slots.arrays import DIMS, NodeArrays
+from leases.slots.values import vec
 from leases.slottable import Res, SlotTable
 
 ONE_CPU = Res(cpu=1)
@@ -38,8 +40,13 @@ IDLE_KEPT = 256
 
 
 class Mapper(PlanBook):
+    _extra_memo: tuple[Mapping[int, Res], NodeArrays, npt.NDArray[np.int64]] | None = None
+    _headroom_memo: tuple[Mapping[int, float], NodeArrays, npt.NDArray[np.float64]] | None = None
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # Per node: live idle CPU in percent (the placer's headroom), handed in by `observe`; none in replay.
+        self._headroom: Mapping[int, float] = {}
         # Every node's score summary at one start as columns (Summaries), per start, and the starts asked for once.
         self._summaries: OrderedDict[float, Summaries] = OrderedDict()
         self._asked_at: OrderedDict[float, None] = OrderedDict()
@@ -116,6 +123,8 @@ class Mapper(PlanBook):
         """Pack vnodes (largest first) onto nodes in host-policy order; without `strict` the window may shrink.
 
         Returns (vnode -> node, end of the window found), or None."""
+        if self._by_slots(table, req, start, only):
+            return self._map_spread(req, start, end)
         order = self._order_of(req)
         mapping: dict[int, int] = {}
         latest = end
@@ -147,6 +156,115 @@ class Mapper(PlanBook):
             if i == len(order):
                 return mapping, latest
         return None
+
+    def _by_slots(self, table: SlotTable, req: LeaseRequest, start: float, only: set[int] | None) -> bool:
+        """Whether `req` is placed by free slots (SchedulerConfig.rank_by_slots): live work that runs now, whole."""
+        return (
+            self.config.rank_by_slots
+            and req.type == IMMEDIATE
+            and table is self.table
+            and only is None
+            and start <= self._now
+        )
+
+    def _free_over(self, start: float, end: float) -> npt.NDArray[np.int64]:
+        """Every node's free cpu, memory and disk over [start, end) (the least it has at any instant of it), less
+        the now-gate's observed use when the window starts now: the figures a verdict is judged by."""
+        arr = self.table.arrays()
+        peak, _ = arr.over(start, end) if end > start else (arr.level_at(start), None)
+        free = arr.caps - peak
+        if start <= self._now and self._now_extra:
+            free = free - self._extra_columns(arr)
+        return free
+
+    def _spread_limits(self, req: LeaseRequest, arr: NodeArrays) -> npt.NDArray[np.int64]:
+        """Per row, how many of the lease's VMs it may take: 0 on excluded and barred nodes, the group's spread
+        less its members there, else the VM count."""
+        count = len(req.vnodes)
+        limit = np.full(len(arr.nodes), count if req.spread is None else min(req.spread, count), np.int64)
+        ruled = self._ruled_out(req)
+        if ruled:
+            rows = [arr.pos[n] for n in ruled if n in arr.pos]
+            limit[rows] = 0
+        if req.spread is not None:
+            for n, k in req.taken:
+                if n in arr.pos:
+                    row = arr.pos[n]
+                    limit[row] = max(0, min(limit[row], req.spread - k))
+        return limit
+
+    def headroom_column(self, arr: NodeArrays) -> npt.NDArray[np.float64]:
+        """The live headroom (idle CPU %) of every row, 0 where unknown, built once per observation."""
+        got = self._headroom_memo
+        if got is not None and got[0] is self._headroom and got[1] is arr:
+            return got[2]
+        column = np.fromiter(
+            (self._headroom.get(n, 0.0) for n in arr.nodes.tolist()), np.float64, len(arr.nodes)
+        )
+        self._headroom_memo = (self._headroom, arr, column)
+        return column
+
+    def slots_order(self, req: LeaseRequest, start: float, end: float) -> list[int]:
+        """The nodes that can take one of the lease's largest VMs over [start, end), in the placer's rank (seed
+        001): nodes a soft rule avoids last, then the most free slots, then the most live headroom, then the
+        lowest id."""
+        arr = self.table.arrays()
+        need = np.array(vec(self._largest_of(req))[:DIMS], dtype=np.int64)
+        copies = _copies(self._free_over(start, end), need)
+        copies[self._spread_limits(req, arr) == 0] = 0
+        rows = np.flatnonzero(copies > 0)
+        keys = [arr.nodes[rows], -self.headroom_column(arr)[rows], -copies[rows]]
+        if req.avoid:
+            keys.append(np.fromiter((n in req.avoid for n in arr.nodes[rows].tolist()), bool, len(rows)))
+        return arr.nodes[rows[np.lexsort(keys)]].tolist()
+
+    def _map_spread(self, req: LeaseRequest, start: float, end: float) -> tuple[dict[int, int], float] | None:
+        """Seed 001's greedy placement over the slot table: each VM, largest first, to the node with the most free
+        slots for it as the VMs before it left them (so a lease spreads instead of stacking), then the most live
+        headroom, then the lowest id; nodes a soft rule avoids only when no other can take it. Strict: the whole
+        window, or None. `slots_order` is the same ranking for the first VM, which the verdicts show."""
+        arr = self.table.arrays()
+        free = self._free_over(start, end).copy()
+        limit = self._spread_limits(req, arr)
+        headroom = self.headroom_column(arr)
+        avoided = (
+            np.fromiter((n in req.avoid for n in arr.nodes.tolist()), bool, len(arr.nodes))
+            if req.avoid
+            else None
+        )
+        mapping: dict[int, int] = {}
+        for v in self._order_of(req):
+            need = np.array(vec(req.vnodes[v - 1])[:DIMS], dtype=np.int64)
+            copies = _copies(free, need)
+            copies[limit <= 0] = 0
+            fit = np.flatnonzero(copies > 0)
+            if not len(fit):
+                return None
+            keys = [arr.nodes[fit], -headroom[fit], -copies[fit]]
+            if avoided is not None:
+                keys.append(avoided[fit])
+            row = int(fit[np.lexsort(keys)[0]])
+            free[row] -= need
+            limit[row] -= 1
+            mapping[v] = int(arr.nodes[row])
+        return mapping, end
+
+    def _largest_of(self, req: LeaseRequest) -> Res:
+        return req.vnodes[self._order_of(req)[0] - 1]
+
+    def _extra_columns(self, arr: NodeArrays) -> npt.NDArray[np.int64]:
+        """The now-gate's extra use as a column per dimension, built once per observation."""
+        got = self._extra_memo
+        if got is not None and got[0] is self._now_extra and got[1] is arr:
+            return got[2]  # given by `observe`, or built by an earlier call for the same observation
+        extra = np.zeros((len(arr.nodes), DIMS), dtype=np.int64)
+        seen = [(arr.pos[n], r) for n, r in self._now_extra.items() if n in arr.pos]
+        if seen:
+            rows = [i for i, _ in seen]
+            for d, name in enumerate(("cpu", "mem", "disk")):
+                extra[rows, d] = np.fromiter((getattr(r, name) for _, r in seen), np.int64, len(seen))
+        self._extra_memo = (self._now_extra, arr, extra)
+        return extra
 
     def _check_fixed(
         self,
@@ -184,6 +302,10 @@ class Mapper(PlanBook):
     ) -> Iterable[int]:
         """The nodes to try for `req` at `start`, in host-policy order. On a large fleet, for the live table, the
         order is handed out as the mapper consumes it (HostOrder); the same order either way."""
+        if self._by_slots(table, req, start, only):
+            ranked = self.slots_order(req, start, start + duration)
+            self._last_order = (req, start, duration, ranked)
+            return ranked
         lazy = (
             table is self.table
             and only is None
@@ -483,6 +605,15 @@ class HostOrder:
         if barred:
             nodes -= barred
         yield from columns.order_of(m, nodes, start, duration)
+
+
+def _copies(free: npt.NDArray[np.int64], need: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Per row, how many VMs of `need` its free figures hold (every dimension the VM asks for)."""
+    out = np.full(len(free), np.iinfo(np.int64).max, dtype=np.int64)
+    for d in range(DIMS):
+        if need[d] > 0:
+            np.minimum(out, np.maximum(free[:, d], 0) // need[d], out=out)
+    return out
 
 
 def size_order(vnodes: Sequence[Res]) -> list[int]:

@@ -101,6 +101,11 @@ class SchedulerConfig:
     # best-effort lease for less than the threshold, try once more for its whole duration before it waits. Haizea
     # gives up there, and the lease waits in the queue while other nodes could run it whole.
     whole_window_retry: bool = False
+    # Slotkeeper's own (off in replay, which has no live readings): work that starts now on the live fleet goes,
+    # one VM at a time, to the node with the most free slots for it, then the most live CPU headroom, then the
+    # lowest id (seed 001's ranking: spread, and the idler of two equal nodes). Haizea's greedy order packs a
+    # node before it moves on, and knows nothing of load.
+    rank_by_slots: bool = False
 
     def __post_init__(self) -> None:
         if self.backfilling == "intermediate" and not self.backfilling_reservations:
@@ -161,6 +166,8 @@ class LeaseRequest:
     # Nodes this lease may never use whatever the time (a missing capability, a hard affinity elsewhere), each
     # with "code: sentence". Kept with the request, so the queue honours them when it places the lease later.
     barred: tuple[tuple[int, str], ...] = ()
+    # The capabilities it asks for, for the words of a refusal (the barred nodes already say where it may not go).
+    capabilities: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -215,6 +222,9 @@ class Decision:
     lease_id: int
     state: LeaseState
     message: str
+    # When not accepted for want of room: the placer's outcome (no_capable_node, fleet_unreadable,
+    # fleet_at_capacity), which the API answers as the 409's `code`; "" otherwise.
+    code: str = ""
 
 
 @dataclass(frozen=True)
@@ -226,6 +236,41 @@ class Change:
     what: str
     reservation: ReservationRecord | None = None
     state: LeaseState | None = None
+
+
+# The placer's outcomes (fleet/capacity.py Outcome), as a Trial names them; REFUSED is a request the scheduler
+# does not admit for what it asks (a window already past, a type it does not take), whatever the fleet.
+PLACED, NO_CAPABLE_NODE, FLEET_UNREADABLE, FLEET_AT_CAPACITY, REFUSED = (
+    "placed",
+    "no_capable_node",
+    "fleet_unreadable",
+    "fleet_at_capacity",
+    "refused",
+)
+
+
+@dataclass(frozen=True)
+class Trial:
+    """The one answer to "can this run, where, and if not why" (`Scheduler.decide`): what a submission of the
+    request would get now, without anything being written. `mapping` is vnode -> node over [start, end) when
+    placed; `preempt` the best-effort leases an advance reservation would suspend or requeue; `message` says
+    why when not placed."""
+
+    outcome: str
+    start: float
+    end: float
+    mapping: Mapping[int, int] = field(default_factory=dict)
+    preempt: tuple[int, ...] = ()
+    message: str = ""
+
+    @property
+    def placed(self) -> bool:
+        return self.outcome == PLACED
+
+    @property
+    def nodes(self) -> list[int]:
+        """The distinct nodes, in vnode order."""
+        return list(dict.fromkeys(self.mapping[v] for v in sorted(self.mapping)))
 
 
 @dataclass

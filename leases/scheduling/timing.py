@@ -28,6 +28,17 @@ class Timing:
         self._estimates: dict[tuple[int, float, float | None], float] = {}
         self._thresholds: dict[tuple[int, bool], float] = {}
 
+    def forget(self, lease_id: int) -> None:
+        """Drops the memoised answers for `lease_id` (a dry run's probe id, reused by the next probe)."""
+        cfg = self.config
+        for rate, override in (
+            (cfg.suspend_rate, cfg.override_suspend_time),
+            (cfg.resume_rate, cfg.override_resume_time),
+        ):
+            self._estimates.pop((lease_id, rate, override), None)
+        for resuming in (False, True):
+            self._thresholds.pop((lease_id, resuming), None)
+
     def shutdown_time(self, req: LeaseRequest) -> float:
         return self.config.shutdown_time + self.config.enactment_overhead * len(req.vnodes)
 

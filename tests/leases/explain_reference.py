@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 
 from fleet.capacity import ReasonCode
 from fleet.reports import Verdict as NodeVerdict
+from leases.scheduling.explain import UNBOUNDED
 from leases.scheduling.mapper import size_order
 from leases.scheduling.records import LeaseRequest
 from leases.slots.values import vec, vec_minus, vec_plus
@@ -53,7 +54,10 @@ def reference_verdicts(
     out = []
     for node in table.nodes:
         cap = vec(self._capacity[node])
-        why = ruled_out.get(node) or barred.get(node)
+        # The first that holds: a missing capability, too small even when empty, the node's state, a group rule.
+        lacks = barred.get(node, "").startswith("missing_capability")
+        too_small = any(cap[i] < w for i, w in wants)
+        why = barred[node] if lacks else None if too_small else ruled_out.get(node) or barred.get(node)
         if why:
             code, _, note = why.partition(": ")
             out.append(
@@ -69,31 +73,50 @@ def reference_verdicts(
                     False,
                     (),
                     note or why,
+                    slots=0,
                 )
             )
             continue
         if any(cap[i] < w for i, w in wants):
             dim = _short_vec(wants, cap)
             i = _INDEX[dim]
-            out.append(NodeVerdict(node, 0, _R.TOO_SMALL.value, dim, need[i], cap[i], cap[i], None, False))
+            out.append(
+                NodeVerdict(node, 0, _R.TOO_SMALL.value, dim, need[i], cap[i], cap[i], None, False, slots=0)
+            )
             continue
         free = table.free_over_vec(node, start, end)
         if node in mine:
             free = vec_plus(free, mine[node])
         if node in extra:
             free = vec_minus(free, extra[node])
-        holds = min(min(max(free[i], 0) // w for i, w in wants) if wants else count, count)
+        slots = min(max(free[i], 0) // w for i, w in wants) if wants else UNBOUNDED
+        holds = min(slots, count)
         allowed = count if req.spread is None else max(req.spread - taken.get(node, 0), 0)
         rank = ranks.get(node)
         if holds and not allowed:
             code = _R.ANTI_AFFINITY.value
-            out.append(NodeVerdict(node, 0, code, "mem", need[mem_i], free[mem_i], cap[mem_i], rank, False))
+            out.append(
+                NodeVerdict(
+                    node, 0, code, "mem", need[mem_i], free[mem_i], cap[mem_i], rank, False, slots=slots
+                )
+            )
             continue
         holds = min(holds, allowed)
         if holds:
             chosen_here = node in picked
             out.append(
-                NodeVerdict(node, holds, None, "mem", need[mem_i], free[mem_i], cap[mem_i], rank, chosen_here)
+                NodeVerdict(
+                    node,
+                    holds,
+                    None,
+                    "mem",
+                    need[mem_i],
+                    free[mem_i],
+                    cap[mem_i],
+                    rank,
+                    chosen_here,
+                    slots=slots,
+                )
             )
             continue
         dim = _short_vec(wants, free)
@@ -108,7 +131,7 @@ def reference_verdicts(
         if code != _R.NO_DISK:
             lids = {b.lease_id for b in table.blockers(node, vm, start, end) if b.lease_id != req.id}
             blockers = tuple(sorted(lids))
-        out.append(NodeVerdict(node, 0, code, dim, need[i], free[i], cap[i], rank, False, blockers))
+        out.append(NodeVerdict(node, 0, code, dim, need[i], free[i], cap[i], rank, False, blockers, slots=0))
     return out
 
 

@@ -353,21 +353,17 @@ def test_a_queued_lease_carries_its_estimated_start_and_a_lease_that_cannot_fit_
     nxt = submit(operator, duration_s=600, nodes=[vm(mem=8192)]).json()
     wide = submit(operator, duration_s=300, nodes=[vm(mem=8192)] * 4).json()
     short = submit(operator, duration_s=100, nodes=[vm(mem=8192)]).json()
-    gpu = submit(operator, duration_s=100, nodes=[vm()], capabilities=["gpu"]).json()
-    assert (nxt["state"], wide["state"], short["state"], gpu["state"]) == (
-        "ready",
-        "queued",
-        "queued",
-        "queued",
-    )
+    # A best-effort lease no node could ever run is refused, not queued forever (issue 44).
+    gpu = submit(operator, duration_s=100, nodes=[vm()], capabilities=["gpu"])
+    assert gpu.status_code == 409 and gpu.json()["code"] == "no_capable_node"
+    assert "gpu" in gpu.json()["detail"] and gpu.json()["state"] == "rejected"
+    assert (nxt["state"], wide["state"], short["state"]) == ("ready", "queued", "queued")
     end = Reservation.objects.get(lease_id=blocker["id"], kind="vm").end
-    got = {lid: viewer.get(f"/api/leases/{lid}/").json() for lid in (wide["id"], short["id"], gpu["id"])}
+    got = {lid: viewer.get(f"/api/leases/{lid}/").json() for lid in (wide["id"], short["id"])}
     when = {lid: (body["estimated_start"], body["estimated_end"]) for lid, body in got.items()}
     iso = lambda t: t.isoformat().replace("+00:00", "Z")  # noqa: E731
     assert when[wide["id"]] == (iso(end + timedelta(seconds=600)), iso(end + timedelta(seconds=900)))
     assert when[short["id"]] == (iso(end), iso(end + timedelta(seconds=100)))
-    assert when[gpu["id"]] == (None, None)
-    assert got[gpu["id"]]["estimate_note"] == "no usable node: 4 missing_capability"
     assert got[wide["id"]]["estimate_note"] == ""
     # A lease that is not queued has no estimate; the list carries the same fields.
     assert viewer.get(f"/api/leases/{nxt['id']}/").json()["estimated_start"] is None
@@ -417,8 +413,9 @@ def test_a_rejected_request_preferring_a_minimal_answer_is_a_409_with_the_report
     assert response.status_code == 409
     assert response.headers["Preference-Applied"] == "return=minimal"
     body = response.json()
-    assert set(body) == {"detail", "lease", "state", "report"}
+    assert set(body) == {"detail", "code", "lease", "state", "report"}
     assert body["state"] == "rejected" and body["report"]["outcome"] == "rejected"
+    assert body["code"] == "fleet_at_capacity"
     assert body["report"]["counts"]["evaluated"] == 4 and body["report"]["counts"]["fit"] == 0
     assert body["report"]["url"] == f"/api/placement/reports/{body['report']['id']}/"
 

@@ -53,7 +53,7 @@ def request(rng: random.Random, s: Scheduler, lid: int) -> LeaseRequest:
 
 def comparable(verdicts):
     return [
-        (v.node, v.holds, v.code, v.dim, v.need, v.free, v.allocatable, v.rank, v.chosen, v.note)
+        (v.node, v.holds, v.slots, v.code, v.dim, v.need, v.free, v.allocatable, v.rank, v.chosen, v.note)
         for v in verdicts
     ]
 
