@@ -31,6 +31,8 @@ class ReservationKind(models.TextChoices):
     RESUME = "resume", "resume"
     MIGRATE = "migrate", "migrate"
     SHUTDOWN = "shutdown", "shutdown"
+    # Room held for a lost vnode on a reschedule proposal's target (leases/scheduling/records.py HOLD).
+    HOLD = "hold", "hold"
 
 
 class ReservationStatus(models.TextChoices):

@@ -10,7 +10,7 @@ from django.db.models import Sum
 from fleet import affinity
 from fleet.models import PlacementReport
 from leases.lifecycle import LIVE_INSTANCE_STATES
-from leases.models import Allocation, Group, Instance, Lease, SchedulerState
+from leases.models import Allocation, Group, Instance, Lease, Reservation, SchedulerState
 from slotkeeper import statements
 from slotkeeper.domain import NotFound
 
@@ -113,6 +113,15 @@ def groups_by_lease(lease_ids) -> dict[int, list[affinity.GroupMembers]]:
     for gid, node_id, iid in rows:
         if gid in members and node_id is not None:
             members[gid].setdefault(node_id, []).append(iid)
+    # Room held for a member's lost VM (a reschedule proposal's target) counts as the member standing there: the
+    # group's rules hold for held room as for placed room.
+    held = Reservation.objects.filter(
+        lease__groups__in=list(groups), kind="hold", status__in=["scheduled", "active"]
+    ).values_list("lease__groups", "lease_id", "nodes")
+    for gid, lease_id, nodes in held:
+        for vnode, node_id in (nodes or {}).items():
+            if gid in members:
+                members[gid].setdefault(int(node_id), []).append(f"{lease_id}-{vnode} (held)")
     out: dict[int, list[affinity.GroupMembers]] = {}
     for lease_id, gid in links:
         out.setdefault(lease_id, []).append(affinity.GroupMembers(group_rule(groups[gid]), members[gid]))

@@ -26,6 +26,7 @@ from leases.scheduling.records import (
     BEST_EFFORT,
     CANCELLED,
     DONE,
+    HOLD,
     IMMEDIATE,
     MIGRATE,
     RESUME,
@@ -182,8 +183,8 @@ class Scheduler(Deciding):
         and `settle(now)` isolates it once the caller knows the time."""
         lid = lease.request.id
         self.leases[lid] = lease
-        chain = lease.chain()
-        started = any(r.status == ACTIVE for r in chain)
+        chain = [*lease.chain(), *lease.holds()]
+        started = any(r.status == ACTIVE and r.kind != HOLD for r in chain)
         added: list[ReservationRecord] = []
         try:
             for r in chain:
@@ -259,7 +260,7 @@ class Scheduler(Deciding):
         for lid, node in pending:
             rec = self.leases[lid]
             old = rec.chain()
-            for r in old:
+            for r in [*old, *rec.holds()]:  # none of them entered the table (`restore` is all or nothing)
                 r.status = CANCELLED
                 self._journal(now, r, "reservation_cancelled")
             if rec.request.type == BEST_EFFORT:

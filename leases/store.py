@@ -347,6 +347,8 @@ class Planning:
     forecast: forecasting.Job | None = None
     # The decided requests' messages, written with the rest of their rows by the applier (`_write_leases`).
     messages: dict[int, str] = field(default_factory=dict)
+    # Set by a caller that sent future reservations back to the queue (Scheduler.make_way): it runs the queue.
+    make_way: bool = False
 
     @property
     def t(self) -> float:

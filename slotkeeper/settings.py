@@ -267,6 +267,9 @@ SLOTKEEPER = {
     "DEAD_AFTER_S": float(os.environ.get("SLOTKEEPER_DEAD_AFTER_S", "60")),
     # Health older than this makes a node ineligible for placement (seed 001: fail closed).
     "HEALTH_MAX_AGE_S": float(os.environ.get("SLOTKEEPER_HEALTH_MAX_AGE_S", "30")),
+    # How long a reschedule proposal keeps its target's room held for the lost instance before the tick releases
+    # it and proposes again against the fleet as it is (leases/instances/actions/reschedules.py).
+    "RESCHEDULE_HOLD_S": env_seconds("SLOTKEEPER_RESCHEDULE_HOLD_S", 900, at_least=10),
     # Health history kept for the charts (one hour: 720 samples a node at the agent's 5 s interval).
     "HEALTH_HISTORY_S": float(os.environ.get("SLOTKEEPER_HEALTH_HISTORY_S", "3600")),
     # At most one history sample per node this often: the latest report is always on the node row, and a chart

@@ -62,6 +62,10 @@ class Reschedule(models.Model):
     )
     message = models.TextField(blank=True)
     version = models.PositiveIntegerField(default=1)
+    # The room kept on the proposed node (a `hold` reservation of the lease, its rid) and until when: past that
+    # the tick releases it and proposes again against the fleet as it is (RESCHEDULE_HOLD_S).
+    hold_rid = models.PositiveBigIntegerField(null=True, blank=True)
+    held_until = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField()
     decided_at = models.DateTimeField(null=True, blank=True)
     decided_by = models.CharField(max_length=150, blank=True)

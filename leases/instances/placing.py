@@ -1,33 +1,26 @@
-"""Planning a move (a reschedule): the fleet as a burst of approvals sees it, the lease's group rules and the slot
-table as placer checks, and the placer's answer. Reads only: the actions that store the answer are in
-leases/instances/actions/reschedules.py.
+"""Planning a move (a reschedule): the lease's group rules and the question every placement asks of the scheduler
+(Scheduler.decide). Reads only: the actions that store the answer are in leases/instances/actions/reschedules.py.
 
-A proposal's dry run (`plan_move`) is decided by the placer (fleet/capacity.py) with two extra checks: the slot
-table must hold the vnode for the rest of its reservations on the target, and the lease's groups must allow it
-(fleet/affinity.py, the same rules a submission and the agent apply).
-
-An approval (`decide_move`) is asked of the plan applier's scheduler instead, inside the pass that commits it: the
-vnode as a one-VM request over the rest of its reservations, with the lease's group rules as the mapper takes
-them. The slot table (with the now-gate and the pass's exclusions) is the one capacity view of the whole pass,
-and each move is written into it before the next approval is decided, so a batch of approvals accounts for
-itself; the verdicts come from the scheduler's vectorised `explain` (store.report_row), not from a placer run
-and a Python dict per node per approval (most of a bulk approval's time, measured: docs/BENCHMARKS.md).
+A proposal and its approval are both decided inside a planning pass, on the pass's slot table (with the now-gate
+and the pass's exclusions): the vnode as a one-VM request over the rest of its reservations, with the lease's
+group rules as the mapper takes them. A proposal holds the room it names (a `hold` reservation of the lease), so
+the approval finds it free; a bulk approval writes each move into the table before the next is decided, so it
+accounts for itself. The stored report is the scheduler's vectorised verdict the decision was made from.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-from fleet import affinity, capacity, placement
+from fleet import affinity, capacity
 from fleet.models import PlacementReport
 from leases import reads, store, vnodes
 from leases.instance_rows import LIVE
 from leases.instances.models import Reschedule, RescheduleStatus
-from leases.instances.reads import claims
 from leases.lifecycle import InstanceState, LeaseState
-from leases.models import Allocation, Group, Instance
+from leases.models import Group, Instance
 from leases.scheduler import LeaseRequest
 
 
@@ -43,27 +36,19 @@ class FleetView:
     groups: dict[int, dict[int, list[tuple[int, str]]]]  # group id -> node id -> [(instance pk, iid)]
 
     @classmethod
-    def read(cls, now: datetime, nodes: Sequence[capacity.NodeState] | None = None) -> FleetView:
-        """The fleet with what runs where (a proposal's placer run), or, given the nodes a planning pass read
-        already, only their names (an approval: the pass's slot table holds the capacity, so nothing is read)."""
-        if nodes is not None:
-            return cls(
-                states={}, ids={n.name: n.id for n in nodes}, names={n.id: n.name for n in nodes}, groups={}
-            )
-        states = placement.snapshot(now, claims=claims())
+    def read(cls, now: datetime, nodes: Sequence[capacity.NodeState]) -> FleetView:
+        """The fleet's names as a planning pass read it (the pass's slot table holds the capacity)."""
         return cls(
-            states={s.name: s for s in states},
-            ids={s.name: s.id for s in states},
-            names={s.id: s.name for s in states},
-            groups={},
+            states={}, ids={n.name: n.id for n in nodes}, names={n.id: n.name for n in nodes}, groups={}
         )
 
     @classmethod
-    def for_proposals(cls, now: datetime) -> FleetView:
-        """The fleet as a round of proposals sees it: as read, plus every pending proposal's target as if its move
-        were placed (`proposed`), so proposals made one after another (one loss's instances, or a second loss
-        while the first's proposals wait) do not all name the one node that can take only one of them."""
-        fleet = cls.read(now)
+    def for_proposals(cls, now: datetime, nodes: Sequence[capacity.NodeState]) -> FleetView:
+        """The fleet as a round of proposals sees it: as read (given a planning pass's nodes, their names only:
+        the pass's slot table holds the capacity, proposals' held room included), plus every pending proposal's
+        target as a member of its lease's groups (`proposed`), so proposals made one after another do not put two
+        members of an anti-affinity group on one node."""
+        fleet = cls.read(now, nodes)
         pending = (
             Reschedule.objects.filter(status=RescheduleStatus.PENDING, proposed_node__isnull=False)
             # Only what an approval could still apply: a move of a lost or live instance of an active lease.
@@ -82,8 +67,8 @@ class FleetView:
         """Counts a proposal (a move not approved) on its target, in this view only: a pending claim there, and the
         instance a member of its lease's groups there, so the next proposal's dry run sees both. Nothing is
         reserved: approval re-plans against what is committed (`moved` keeps a burst of approvals current)."""
-        state = self.states.get(target)
-        if state is None:
+        node_id = self.ids.get(target)
+        if node_id is None:
             return
         # Its own claim id: the instance's real claim (a drain's live instance, on its source) is a different one.
         claim = capacity.Claim(
@@ -92,10 +77,12 @@ class FleetView:
             disk_gib=need.disk_gib,
             cpu_cores=need.cpu_cores,
         )
-        self.states[target] = replace(state, pending=(*state.pending, claim))
+        state = self.states.get(target)
+        if state is not None:
+            self.states[target] = replace(state, pending=(*state.pending, claim))
         for group in inst.lease.groups.all():
             # A negative pk: no instance has it, and group_views leaves it out when this instance is planned.
-            self.members(group).setdefault(state.id, []).append((-inst.pk, claim.id))
+            self.members(group).setdefault(node_id, []).append((-inst.pk, claim.id))
 
     def members(self, group: Group) -> dict[int, list[tuple[int, str]]]:
         if group.pk not in self.groups:
@@ -150,99 +137,8 @@ def group_views(
     return views
 
 
-def group_check(
-    views: list[affinity.GroupMembers], names: Mapping[int, str]
-) -> tuple[capacity.Check, dict[str, int]]:
-    """A placer check for the hard rules, and the soft rules' penalties (node name -> violations)."""
-
-    def check(node: capacity.NodeState, need: capacity.Need, chosen: Sequence[str]) -> capacity.Unfit | None:
-        for view in views:
-            unfit = affinity.unfit(view, node.id, adding=1 + chosen.count(node.name), names=names)
-            if unfit is not None:
-                return unfit
-        return None
-
-    return check, affinity.penalties(views, names)
-
-
 def vnode_need(inst: Instance, preferred: str | None = None) -> capacity.Need:
     return vnodes.as_need(inst.lease.vnodes[inst.vnode - 1], inst.lease.capabilities, preferred)
-
-
-def remaining_windows(
-    lease_ids: Iterable[int], now: datetime
-) -> dict[tuple[int, int], list[tuple[datetime, datetime]]]:
-    """(lease, node) -> the [start, end) windows of the lease's live reservations there that are not over yet."""
-    out: dict[tuple[int, int], list[tuple[datetime, datetime]]] = {}
-    rows = Allocation.objects.filter(
-        reservation__lease_id__in=list(lease_ids), live=True, end__gt=now
-    ).values_list("reservation__lease_id", "node_id", "start", "end")
-    for lease_id, node_id, start, end in rows:
-        out.setdefault((lease_id, node_id), []).append((start, end))
-    return out
-
-
-def slot_check(inst: Instance, now: datetime, table=None, windows=None) -> capacity.Check:
-    """The vnode must fit in the slot table on the target for the rest of its lease's live reservations."""
-    if windows is None:
-        windows = remaining_windows([inst.lease_id], now)
-    spans = windows.get((inst.lease_id, inst.node_id), [])
-    need_res = vnodes.as_res(inst.lease.vnodes[inst.vnode - 1])
-
-    def check(node: capacity.NodeState, need: capacity.Need, chosen: Sequence[str]) -> capacity.Unfit | None:
-        if table is None or node.id == inst.node_id:
-            return None
-        extra = need_res.scaled(1 + chosen.count(node.name))
-        for start, end in spans:
-            t0, t1 = max(start, now).timestamp(), end.timestamp()
-            if not table.fits(node.id, extra, t0, t1):
-                blockers = table.blockers(node.id, extra, t0, t1)
-                if blockers:
-                    b = blockers[0]
-                    begin, finish = (datetime.fromtimestamp(x, now.tzinfo) for x in (b.start, b.end))
-                    why = f"reserved {begin:%H:%M}–{finish:%H:%M} by lease {b.lease_id} ({b.kind})"
-                else:
-                    why = "the slot table has no room for it over its remaining time"
-                return capacity.Unfit(capacity.ReasonCode.RESERVED, why, {"window_end": end.isoformat()})
-        return None
-
-    return check
-
-
-def plan_move(
-    inst: Instance,
-    now: datetime,
-    *,
-    preferred: str | None = None,
-    table=None,
-    fleet: FleetView | None = None,
-    windows=None,
-):
-    fleet = fleet or FleetView.read(now)
-    views = group_views(inst.lease, exclude_instance=inst, fleet=fleet)
-    g_check, penalties = group_check(views, fleet.names)
-    need = vnode_need(inst, preferred)
-    checks = [g_check, slot_check(inst, now, table, windows)]
-    result = placement.place(
-        now, need, checks=checks, penalties=penalties, states=list(fleet.states.values())
-    )
-    return need, result, fleet.ids
-
-
-def blocker(result: capacity.Placement) -> str:
-    """The reason code that keeps a move from being applied, the most telling first."""
-    codes = [v.reason_code for v in result.verdicts if not v.fit and v.reason_code]
-    for code in ("anti_affinity", "affinity", "reserved", "at_capacity", "no_disk", "missing_capability"):
-        if code in codes:
-            return code
-    return str(result.outcome)
-
-
-def why_not(result: capacity.Placement, node: str | None) -> str:
-    verdict = next((v for v in result.verdicts if v.node == node), None)
-    if verdict is None or verdict.fit:
-        return "a better node was found"
-    return f"{verdict.reason_code}: {verdict.reason}"
 
 
 # A dry-run request's id: no lease has it (the preview's is -1).
@@ -267,13 +163,18 @@ class MoveDecision:
 
 
 def move_request(plan: store.Planning, inst: Instance, fleet: FleetView) -> LeaseRequest | None:
-    """The vnode as a one-VM request over what is left of its reservations on its old node, with the lease's group
-    rules (the instance itself left out) and capabilities; None when it holds no reservation there to move."""
+    """The vnode as a one-VM request over what is left of its reservations on its old node (or, lost and detached
+    from its dead node, of the reservations it is missing from), with the lease's group rules (the instance itself
+    left out) and capabilities; None when no reservation is left to move it in."""
     sched = plan.scheduler
     rec = sched.leases.get(inst.lease_id)
     if rec is None:
         return None
-    ends = [r.end for r in rec.chain() if r.nodes.get(inst.vnode) == inst.node_id and r.end > plan.t]
+    ends = [
+        r.end
+        for r in rec.chain()
+        if r.kind != "migrate" and r.end > plan.t and r.nodes.get(inst.vnode, inst.node_id) == inst.node_id
+    ]
     if not ends:
         return None
     lease = inst.lease

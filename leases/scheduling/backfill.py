@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from leases.lifecycle import LeaseState
 from leases.scheduling.mapper import ONE_CPU, Mapper
 from leases.scheduling.records import (
+    ACTIVE,
     IMMEDIATE,
     REEVALUATED_STATES,
     RESUME,
@@ -315,6 +316,32 @@ class Backfilling(Mapper):
         target = _S.SUSPENDED_QUEUED if rec.state in SUSPENDED_STATES else _S.QUEUED
         self._set_state(rec, target, now)
         self._enqueue(rec)
+
+    def newer_in_future(self, after: float) -> list[int]:
+        """The best-effort leases submitted after `after` that hold a future reservation (backfilling's) not
+        started yet: what a lease that held capacity before its node died may take back (`make_way`)."""
+        out = []
+        for lid in sorted(self._future, key=lambda i: (self.leases[i].request.submit, i)):
+            rec = self.leases[lid]
+            if rec.request.submit <= after or rec.state not in REEVALUATED_STATES:
+                continue
+            if not any(r.status == ACTIVE for r in rec.chain()):
+                out.append(lid)
+        return out
+
+    def make_way(self, lease_ids: Iterable[int], now: float, reason: str = "") -> None:
+        """Takes back these leases' future reservations (see `newer_in_future`): each goes back to the queue at
+        its place, and the next queue run plans it again after what older work took meanwhile."""
+        for lid in lease_ids:
+            rec = self.leases[lid]
+            for r in rec.chain():
+                self._cancel_record(r, now)
+            self._future.discard(lid)
+            rec.in_future = False
+            suspended = rec.state == _S.SUSPENDED_SCHEDULED
+            self._set_state(rec, _S.SUSPENDED_PENDING if suspended else _S.PENDING, now)
+            self._set_state(rec, _S.SUSPENDED_QUEUED if suspended else _S.QUEUED, now)
+            self._enqueue(rec)
 
     def _reevaluate(self, now: float) -> None:
         """Pull future best-effort reservations earlier into capacity that freed up; they can only improve."""

@@ -18,6 +18,7 @@ from leases.scheduling.records import (
     ACTIVE,
     CANCELLED,
     DONE,
+    HOLD,
     MIGRATE,
     RESUME,
     SCHEDULED,
@@ -170,6 +171,104 @@ class PlanBook:
         for r, _ in moved:
             self._journal(now, r, "reservation_changed")
         return bool(moved)
+
+    # -- room held for lost vnodes (reschedule proposals) -----------------------------------------------------
+
+    def hold(
+        self, lease_id: int, vnode: int, node: int, start: float, end: float, now: float
+    ) -> ReservationRecord | None:
+        """Keeps room for one of the lease's VMs on `node` over [start, end) (a reschedule proposal's target; a
+        later start when the room frees only then), or None when it does not fit there. Released by `release`,
+        or when the lease's VM ends or its plan stops."""
+        rec = self.leases.get(lease_id)
+        if rec is None or end <= start or start < now or not 1 <= vnode <= len(rec.request.vnodes):
+            return None
+        use = rec.request.vnodes[vnode - 1]
+        if node not in self._capacity or not self.table.fits(node, use, start, end):
+            return None
+        status = ACTIVE if start <= now else SCHEDULED
+        r = ReservationRecord(self._next_rid, lease_id, HOLD, start, end, {vnode: node}, status=status)
+        self._next_rid += 1
+        row = self._table_row(rec, r)
+        self.table.add(row)
+        self._touch(row.alloc)
+        self._records[r.rid] = r
+        rec.reservations.append(r)
+        self._push_events(r)
+        self._journal(now, r, "reservation_added")
+        return r
+
+    def held(self, rid: int) -> ReservationRecord | None:
+        """The live hold with this rid, or None."""
+        r = self._records.get(rid)
+        return r if r is not None and r.kind == HOLD and r.status in (SCHEDULED, ACTIVE) else None
+
+    def release(self, rid: int, now: float) -> bool:
+        """Gives back a hold's room (the proposal was approved, rejected, withdrawn or expired). False when it is
+        not a live hold any more (released already, or over)."""
+        r = self._records.get(rid)
+        if r is None or r.kind != HOLD or r.status not in (SCHEDULED, ACTIVE):
+            return False
+        self._cancel_record(r, now)
+        return True
+
+    def _drop_holds(self, rec: LeaseRecord, now: float) -> None:
+        for r in rec.holds():
+            self._cancel_record(r, now)
+
+    def detach(self, lease_id: int, vnode: int, node: int, now: float) -> bool:
+        """Frees the room a lost vnode held on its dead node from now on: the vnode leaves the lease's reservations
+        there (none of its work runs on that node any more), so a node re-admitted later does not count it. A
+        move approved later attaches it to its new node (`attach`)."""
+        rec = self.leases.get(lease_id)
+        if rec is None:
+            return False
+        changed = []
+        for r in rec.chain():
+            if r.kind == MIGRATE or r.end <= now or r.nodes.get(vnode) != node:
+                continue
+            del r.nodes[vnode]
+            self.table.replace(self._table_row(rec, r))
+            changed.append(r)
+        if changed:
+            self._touch((node,))
+        for r in changed:
+            self._journal(now, r, "reservation_changed")
+        return bool(changed)
+
+    def attach(self, lease_id: int, vnode: int, node: int, now: float) -> bool:
+        """Puts a detached vnode back into the lease's reservations that are not over, on `node` (an approved
+        move). All or nothing: if any would overcommit the node, nothing changes."""
+        rec = self.leases.get(lease_id)
+        if rec is None:
+            return False
+        done: list[ReservationRecord] = []
+        for r in rec.chain():
+            if r.kind == MIGRATE or r.end <= now or vnode in r.nodes:
+                continue
+            r.nodes[vnode] = node
+            try:
+                self.table.replace(self._table_row(rec, r))
+            except Overcommit:
+                del r.nodes[vnode]
+                for back in done:
+                    del back.nodes[vnode]
+                    self.table.replace(self._table_row(rec, back))
+                return False
+            done.append(r)
+        if done:
+            self._touch((node,))
+        for r in done:
+            self._journal(now, r, "reservation_changed")
+        return bool(done)
+
+    def detached(self, lease_id: int) -> set[int]:
+        """The vnodes the lease's current VM runs on no node (lost, detached, not moved yet)."""
+        rec = self.leases.get(lease_id)
+        vm = rec.current_vm() if rec is not None else None
+        if rec is None or vm is None:
+            return set()
+        return set(range(1, len(rec.request.vnodes) + 1)) - set(vm.nodes)
 
     def use_exclusions(self, excluded: Mapping[int, str] | None) -> None:
         """The nodes nothing may be placed on from now (node id -> "code: sentence"), until the next call: every
@@ -329,7 +428,9 @@ class PlanBook:
         self._journal(now, r, "reservation_cancelled")
 
     def _stop_chain(self, rec: LeaseRecord, now: float, *, count: bool = True) -> None:
-        """Drop what has not started and cut what is running at `now`; a cut VM's time counts if `count`."""
+        """Drop what has not started and cut what is running at `now`; a cut VM's time counts if `count`. The
+        room held for its lost vnodes goes too: there is no VM left for it to be moved into."""
+        self._drop_holds(rec, now)
         for r in rec.chain():
             if r.start >= now:
                 self._cancel_record(r, now)

@@ -68,6 +68,40 @@ class Deciding(Explaining):
         finally:
             self._forget_probe(req.id)
 
+    def find_room(
+        self, req: LeaseRequest, after: float, now: float, excluded: Mapping[int, str] | None = None
+    ) -> tuple[float, int, list[int]] | None:
+        """Where room for `req` (one lost VM, over the rest of its lease's window) can be held, and from when:
+        (start, node, leases that must make way) or None. Now if it fits now (`decide`); else the earliest later
+        instant at which someone's plan ends, from which the whole rest of the window fits, counting as free the
+        future reservations of best-effort leases submitted after `after` (the lost VM's lease's submission):
+        those listed make way (`make_way`) and are planned again after it. Nothing is changed here."""
+        trial = self.decide(req, now, excluded)
+        if trial.placed:
+            return now, trial.nodes[0], []
+        newer = self.newer_in_future(after)
+        table = self._without(newer, now) if newer else self.table
+        end = now + req.duration
+        points = sorted({now, *(p for p in self._future_points(now) if p < end)} if newer else
+                        {p for p in self._future_points(now) if p < end})  # fmt: skip
+        try:
+            for start in points:
+                found = self._map(table, req, start, end, True, None)
+                if found is None:
+                    continue
+                node = next(iter(found[0].values()))
+                in_way = [lid for lid in newer if self._holds_on(lid, node, start, end)]
+                return start, node, in_way
+        finally:
+            self._forget_probe(req.id)
+        return None
+
+    def _holds_on(self, lease_id: int, node: int, start: float, end: float) -> bool:
+        return any(
+            node in r.nodes.values() and r.start < end and r.end > start
+            for r in self.leases[lease_id].chain()
+        )
+
     def due(self, now: float) -> bool:
         """Whether an event (a reservation's start or end, an early end) falls at or before `now` unprocessed: a
         dry run on this scheduler would then see a slot table a submission would not."""

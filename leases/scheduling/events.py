@@ -97,6 +97,7 @@ class EventLoop(Preemption):
         left = [x for x in rec.chain() if x.kind == r.kind]
         if r.kind == VM:
             rec.run_time += r.end - r.start
+            self._drop_holds(rec, t)  # the VM a held vnode would have joined is over
             if not rec.chain():
                 self._finish(rec, t)
         elif r.kind == SHUTDOWN:
@@ -125,6 +126,7 @@ class EventLoop(Preemption):
         return images
 
     def _finish(self, rec: LeaseRecord, t: float) -> None:
+        self._drop_holds(rec, t)
         self._set_state(rec, _S.DONE, t)
         rec.end = t
 

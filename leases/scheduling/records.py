@@ -20,6 +20,10 @@ ADVANCE_RESERVATION = "advance_reservation"
 IMMEDIATE = "immediate"
 
 VM, SUSPEND, RESUME, MIGRATE, SHUTDOWN = "vm", "suspend", "resume", "migrate", "shutdown"
+# Room kept on a node for one vnode of a lease that lost its own (a reschedule proposal's target), until the move
+# is approved, rejected or expires: in the slot table like any reservation, so new work cannot take it, but not
+# part of the lease's plan (`chain`), whose steps it takes no part in.
+HOLD = "hold"
 SCHEDULED, ACTIVE, DONE, CANCELLED = "scheduled", "active", "done", "cancelled"
 
 _S = LeaseState
@@ -207,8 +211,12 @@ class LeaseRecord:
     in_future: bool = False
 
     def chain(self) -> list[ReservationRecord]:
-        """The reservations of the current plan (not yet done or cancelled), in time order."""
-        return [r for r in self.reservations if r.status in (SCHEDULED, ACTIVE)]
+        """The reservations of the current plan (not yet done or cancelled), in time order; holds apart."""
+        return [r for r in self.reservations if r.status in (SCHEDULED, ACTIVE) and r.kind != HOLD]
+
+    def holds(self) -> list[ReservationRecord]:
+        """The room held for its vnodes that lost their node (reschedule proposals' targets), not yet released."""
+        return [r for r in self.reservations if r.kind == HOLD and r.status in (SCHEDULED, ACTIVE)]
 
     def current_vm(self) -> ReservationRecord | None:
         return next((r for r in self.chain() if r.kind == VM), None)

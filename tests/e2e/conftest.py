@@ -27,10 +27,6 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if enabled():
-        # One cluster and one e2e database for all of them: under pytest-xdist they run on one worker, in turn.
-        for item in items:
-            if item.get_closest_marker("e2e"):
-                item.add_marker(pytest.mark.xdist_group("e2e"))
         return
     skip = pytest.mark.skip(reason=SKIP_REASON)
     for item in items:

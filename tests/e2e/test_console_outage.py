@@ -13,7 +13,8 @@ import pytest
 from tests.console.live import BROWSER_TEST, CHROMIUM, CHROMIUM_ARGS
 from tests.e2e.harness import OPERATOR, PASSWORD, Cluster, lease_body, say, wait_for
 
-pytestmark = [pytest.mark.e2e, *BROWSER_TEST, pytest.mark.timeout(240)]
+# One cluster and one e2e database for all of them: under pytest-xdist they run on one worker, in turn.
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e"), *BROWSER_TEST, pytest.mark.timeout(240)]
 
 TRY_AGAIN_LATER = 4013
 

@@ -8,7 +8,8 @@ import pytest
 
 from tests.e2e.harness import SLEEPER, Api, Cluster, consoles, instance_processes, lease_body, say, wait_for
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+# One cluster and one e2e database for all of them: under pytest-xdist they run on one worker, in turn.
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e"), pytest.mark.timeout(180)]
 
 
 @pytest.fixture

@@ -13,7 +13,8 @@ import pytest
 
 from tests.e2e.harness import Cluster, consoles, lease_body, say, wait_for
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+# One cluster and one e2e database for all of them: under pytest-xdist they run on one worker, in turn.
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e"), pytest.mark.timeout(240)]
 
 # A worker mid-tick: one of ours holds the plan applier's advisory lock (leases/store.py takes it per tick).
 MID_TICK = """

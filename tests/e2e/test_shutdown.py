@@ -17,7 +17,8 @@ from slotkeeper.planlock import PLAN_LOCK_ID
 from tests.e2e.harness import Cluster, ConsoleSocket, lease_body, say, wait_for
 from tests.e2e.test_faults import all_finished, assert_invariants, burst, queue_drains, states
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+# One cluster and one e2e database for all of them: under pytest-xdist they run on one worker, in turn.
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e"), pytest.mark.timeout(240)]
 
 STOP_WITHIN_S = 10
 # A request that has no answer after this long is hanging: Daphne has either exited or should have by then.

@@ -10,6 +10,7 @@ from datetime import datetime
 from django.db import transaction
 
 from fleet.models import Node, NodeStatus
+from leases import store
 from leases.instance_rows import LIVE, wind_down
 from leases.instances.actions.reschedules import do_approve, propose
 from leases.instances.models import Reschedule, RescheduleStatus
@@ -20,15 +21,25 @@ from slotkeeper import audit, events
 
 
 def propose_moves(node: Node, now: datetime) -> list[Reschedule]:
-    """A drain with a deadline: every live instance on the node gets a move proposal (approved by the drain)."""
+    """A drain with a deadline: every live instance on the node gets a move proposal (approved by the drain), its
+    room on the target held, all in one planning pass (each counts the holds of the ones before it)."""
     proposals = []
-    # One view for the whole drain: each proposal counts the ones made before it (FleetView.proposed).
-    fleet: FleetView | None = None
-    for inst in Instance.objects.select_related("lease", "node").filter(node=node, state__in=LIVE):
-        fleet = fleet or FleetView.for_proposals(now)
-        proposal = propose(inst, now, cause="drain", note=f"drain of {node.name}", fleet=fleet)
-        if proposal is not None:
-            proposals.append(proposal)
+    insts = list(
+        Instance.objects.select_related("lease", "node")
+        .prefetch_related("lease__groups")
+        .filter(node=node, state__in=LIVE)
+        .order_by("id")
+    )
+    if not insts:
+        return proposals
+    with store.planning(now) as plan:
+        fleet = FleetView.for_proposals(now, plan.nodes)
+        for inst in insts:
+            proposal = propose(plan, inst, now, cause="drain", note=f"drain of {node.name}:", fleet=fleet)
+            if proposal is not None:
+                proposals.append(proposal)
+        if plan.make_way:
+            plan.scheduler.run_queue(plan.t)  # the leases that made way, planned again after the holds
     return proposals
 
 

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from datetime import datetime
 
 from fleet.models import Node
+from leases import store
 from leases.alerts import raise_alert
 from leases.instance_rows import LIVE, step
 from leases.instances.actions.reschedules import propose
@@ -49,32 +50,42 @@ def on_nodes_died(node_ids: Iterable[int], now: datetime, reason: str = "") -> l
         .order_by("id")
         if step(inst, _I.LOST, now, f"node {inst.node.name} died: {reason}".rstrip(": "))
     ]
-    fleet: FleetView | None = None
-    for inst in lost:
-        lease = inst.lease
-        decision = decide_on_loss(
-            ReschedulePolicy(
-                max_reschedules=lease.max_reschedules, auto_approve=lease.auto_approve_reschedules
-            ),
-            migratable=lease.migratable,
-            capabilities=lease.capabilities,
-            reschedules_so_far=reschedules_so_far(lease.pk, inst.vnode),
-        )
-        if decision.action == "hold":
-            raise_alert(
-                "instance_held", f"instance {inst.iid} is held: {decision.reason}", now, instance=inst
-            )
-        elif decision.action == "fail":
-            step(inst, _I.FAILED, now, decision.reason)
-            raise_alert(
-                "reschedule_budget_spent",
-                f"instance {inst.iid} failed: {decision.reason}",
-                now,
-                instance=inst,
-            )
-        else:
-            fleet = fleet or FleetView.for_proposals(now)
-            proposal = propose(inst, now, cause="node_dead", note=decision.reason, fleet=fleet)
+    if not lost:
+        return proposals
+    # One planning pass for every decision of this loss: the proposals' holds are written into the slot table as
+    # they are made, so each counts the ones before it, and a failed instance's room is freed at once.
+    with store.planning(now) as plan:
+        fleet = FleetView.for_proposals(now, plan.nodes)
+        for inst in lost:
+            proposal = _decide(plan, inst, now, fleet)
             if proposal is not None:
                 proposals.append(proposal)
+        if plan.make_way:
+            plan.scheduler.run_queue(plan.t)  # the leases that made way, planned again after the holds
     return proposals
+
+
+def _decide(plan: store.Planning, inst: Instance, now: datetime, fleet: FleetView) -> Reschedule | None:
+    """What becomes of one lost instance under its lease's reschedule policy: held on its node until it returns,
+    failed (its room freed), or proposed for a move (its new room held)."""
+    lease = inst.lease
+    decision = decide_on_loss(
+        ReschedulePolicy(max_reschedules=lease.max_reschedules, auto_approve=lease.auto_approve_reschedules),
+        migratable=lease.migratable,
+        capabilities=lease.capabilities,
+        reschedules_so_far=reschedules_so_far(lease.pk, inst.vnode),
+    )
+    if decision.action == "hold":
+        raise_alert("instance_held", f"instance {inst.iid} is held: {decision.reason}", now, instance=inst)
+        return None
+    if decision.action == "fail":
+        step(inst, _I.FAILED, now, decision.reason)
+        plan.scheduler.detach(inst.lease_id, inst.vnode, inst.node_id, plan.t)
+        raise_alert(
+            "reschedule_budget_spent",
+            f"instance {inst.iid} failed: {decision.reason}",
+            now,
+            instance=inst,
+        )
+        return None
+    return propose(plan, inst, now, cause="node_dead", note=decision.reason, fleet=fleet)

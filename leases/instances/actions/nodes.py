@@ -121,6 +121,8 @@ def do_drain(
 ) -> Node:
     """Drains the node; with a deadline its live instances are proposed for moves in the same transaction."""
     with transaction.atomic():
+        if deadline is not None:
+            planlock.take()  # the proposals' holds are planned: the plan lock before the node row, as everywhere
         node = fleet_actions.do_drain(
             actor, node_id, reason=reason, now=now, deadline=deadline, max_parallel=max_parallel
         )

@@ -17,6 +17,8 @@ from leases.instances.models import Reschedule
 def tick(now: datetime) -> None:
     """One tick; a failure anywhere in it is recorded once for the whole step (leases.actions.recorded_tick)."""
     with lease_actions.recorded_tick(now):
+        # Lost instances' proposals first: a lease that held capacity before its node died goes before the queue.
+        reschedules.refresh(now)
         lease_actions.advance(now)
         with transaction.atomic():
             reschedules.withdraw_moot(now)

@@ -15,19 +15,19 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Max
+from django.db.models import Max, Q
 from django.utils import timezone
 
-from fleet import capacity, placement
 from leases import store
 from leases.instance_rows import LIVE, placed_instance
 from leases.instances.models import Reschedule, RescheduleStatus
-from leases.instances.placing import FleetView, blocker, decide_move, move_request, plan_move
+from leases.instances.placing import BLOCKERS, FleetView, decide_move, move_request, vnode_need
 from leases.lifecycle import TERMINAL_LEASE_STATES, InstanceState, LeaseState, can_instance
-from leases.models import Instance, InstanceEvent
+from leases.models import Instance, InstanceEvent, Reservation
 from slotkeeper import audit, events, metrics
 from slotkeeper.bulk import Row, insert_many, update_many
 from slotkeeper.domain import DomainError, NotFound, StaleVersion
@@ -37,35 +37,158 @@ _I = InstanceState
 
 
 def propose(
-    inst: Instance, now: datetime, *, cause: str, note: str = "", fleet: FleetView | None = None
+    plan: store.Planning, inst: Instance, now: datetime, *, cause: str, note: str = "", fleet: FleetView
 ) -> Reschedule | None:
-    """A dry-run placement (target and every node's verdict) kept as a pending proposal. `fleet`, shared by the
-    proposals of one loss or drain, counts each proposal made before this one (FleetView.for_proposals): pass
-    the same view to every call of a round, so they spread over nodes that can hold them all."""
-    fleet = fleet or FleetView.for_proposals(now)
-    need, result, ids = plan_move(inst, now, fleet=fleet)
-    report = placement.record(now, f"reschedule:{inst.iid}", need, result, ids_by_name=ids)
-    target = result.nodes[0] if result.outcome == capacity.Outcome.PLACED else None
+    """A pending proposal to move `inst`, decided as an approval would decide it (Scheduler.decide) and holding its
+    room: the target's capacity for the lost VM is kept in the slot table (a `hold` reservation of the lease) until
+    the proposal is approved, rejected, withdrawn or its hold expires, so new work cannot take it and the approval
+    lands. A lost instance's vnode first leaves its dead node's reservations (its room there is freed: a node
+    re-admitted later does not count it). Where nothing fits now the proposal says so, and the tick tries again as
+    room frees, in lease order (`refresh`). Runs inside a planning pass (`plan`), whose journal writes the holds.
+    `fleet`, shared by the proposals of one loss or drain, counts each earlier one as a member of its groups."""
+    if Reschedule.objects.filter(instance=inst, status=RescheduleStatus.PENDING).exists():
+        return None  # one open proposal per instance (one_pending_reschedule_per_instance)
+    if inst.state == _I.LOST:
+        plan.scheduler.detach(inst.lease_id, inst.vnode, inst.node_id, plan.t)
+    proposal = Reschedule(instance=inst, lease=inst.lease, cause=cause, created_at=now)
+    target = _decide_and_hold(plan, proposal, inst, now, fleet, note)
     try:
         with transaction.atomic():
-            proposal = Reschedule.objects.create(
-                instance=inst,
-                lease=inst.lease,
-                cause=cause,
-                proposed_node_id=ids.get(target) if target else None,
-                report=report,
-                blocked_by="" if target else blocker(result),
-                message=f"{note} {result.message}".strip(),
-                created_at=now,
-            )
+            proposal.save()
     except IntegrityError:
+        if proposal.hold_rid:
+            plan.scheduler.release(proposal.hold_rid, plan.t)
         return None  # a pending proposal for this instance exists already
-    if target:
-        fleet.proposed(inst, need, target)
     events.send_on_commit("reschedule-changed", reschedule=proposal.pk)
-    if inst.lease.auto_approve_reschedules and target:
+    held = plan.scheduler.held(proposal.hold_rid) if proposal.hold_rid else None
+    if inst.lease.auto_approve_reschedules and target and held is not None and held.start <= plan.t:
         transaction.on_commit(lambda: _auto_approve(proposal.pk))
     return proposal
+
+
+def _decide_and_hold(
+    plan: store.Planning, proposal: Reschedule, inst: Instance, now: datetime, fleet: FleetView, note: str
+) -> str | None:
+    """Decides where the instance would go now and holds that room; fills the proposal's target, hold, report,
+    blocked_by and message (unsaved). Returns the target's name, or None when nothing fits now."""
+    sched = plan.scheduler
+    req = move_request(plan, inst, fleet)
+    proposal.hold_rid, proposal.held_until, proposal.proposed_node_id = None, None, None
+    if req is None:
+        proposal.blocked_by = "nothing_to_move"
+        proposal.message = (
+            f"{note} nothing left to move: lease {inst.lease_id} holds no reservation for it".strip()
+        )
+        return None
+    trial = sched.decide(req, plan.t, plan.excluded)
+    report = store.report_row(
+        plan, req, trial.start, trial.end, outcome=trial.outcome, message="", subject=f"reschedule:{inst.iid}",
+        requested_by="scheduler", proposed=trial.nodes[:1] if trial.placed else [],
+    )  # fmt: skip
+    # Where and from when its room can be held: now, or from the first instant it frees (newer best-effort
+    # leases' future reservations making way: the lost instance's lease held capacity before they came).
+    room = sched.find_room(req, store.to_epoch(inst.lease.submitted_at), plan.t, plan.excluded)
+    held = None
+    if room is not None:
+        start, target_id, in_way = room
+        if in_way:
+            sched.make_way(in_way, plan.t)
+            plan.make_way = True  # the caller runs the queue: they are planned again after the hold
+        held = sched.hold(inst.lease_id, inst.vnode, target_id, start, plan.t + req.duration, plan.t)
+    if held is not None:
+        name = plan.names.get(target_id, f"node {target_id}")
+        until = now + timedelta(seconds=settings.SLOTKEEPER["RESCHEDULE_HOLD_S"])
+        if held.start > plan.t:
+            # Held from when the room frees: the hold lasts from then.
+            until = store.from_epoch(held.start) + timedelta(seconds=settings.SLOTKEEPER["RESCHEDULE_HOLD_S"])
+        proposal.proposed_node_id, proposal.hold_rid, proposal.held_until = target_id, held.rid, until
+        proposal.blocked_by = ""
+        when = "" if held.start <= plan.t else f" from {sched.label(held.start)}, when it frees"
+        report.message = f"would move to {name}; its room there is held{when} until {until:%H:%M:%S} UTC"
+        proposal.message = f"{note} {report.message}".strip()
+        if held.start > plan.t:
+            report.outcome, report.code = trial.outcome, trial.outcome
+    else:
+        outcome = trial.outcome if not trial.placed else "fleet_at_capacity"
+        report.outcome = report.code = outcome
+        # The most telling reason code of the verdicts, as an approval left pending says it (BLOCKERS).
+        proposal.blocked_by = next((code for code in BLOCKERS if report.counts.get(code)), outcome)
+        report.message = f"no room now ({outcome.replace('_', ' ')}): {report.summary}"
+        proposal.message = f"{note} {report.message}; tried again as room frees, in lease order".strip()
+    report.save()
+    proposal.report = report
+    if held is not None:
+        fleet.proposed(inst, vnode_need(inst), plan.names[target_id])
+    return plan.names.get(target_id) if held is not None else None
+
+
+def refresh(now: datetime) -> int:
+    """The tick's part: every pending proposal whose hold expired (RESCHEDULE_HOLD_S) gives its room back and is
+    proposed again against the fleet as it is, and every one that found no room is tried again, oldest lease first
+    (in lease order), each counting the holds of the ones before it. Returns how many got a target."""
+    pending = Reschedule.objects.filter(status=RescheduleStatus.PENDING, lease__state=LeaseState.ACTIVE)
+    due = list(
+        pending.filter(Q(hold_rid__isnull=True) | Q(held_until__lte=now))
+        .exclude(blocked_by="nothing_to_move")
+        .values_list("pk", flat=True)
+    )
+    # Auto-approved moves whose room was held from a later instant land once it has come.
+    waiting = pending.filter(lease__auto_approve_reschedules=True, hold_rid__isnull=False).exclude(pk__in=due)
+    held_from = dict(
+        Reservation.objects.filter(rid__in=list(waiting.values_list("hold_rid", flat=True))).values_list(
+            "rid", "start"
+        )
+    )
+    for pk, rid in waiting.values_list("pk", "hold_rid"):
+        if rid in held_from and held_from[rid] <= now:
+            transaction.on_commit(lambda pk=pk: _auto_approve(pk))
+    if not due:
+        return 0
+    found = 0
+    with store.planning(now) as plan:
+        # What a submission does before it plans: the reservations due by now start and end (not the queue: a
+        # lost instance's lease holds capacity, and goes before newcomers).
+        plan.scheduler.catch_up(plan.t)
+        fleet = FleetView.for_proposals(now, plan.nodes)
+        proposals = (
+            Reschedule.objects.select_for_update(of=("self",))
+            .filter(pk__in=due, status=RescheduleStatus.PENDING)
+            .select_related("instance__lease", "lease")
+            .prefetch_related("instance__lease__groups")
+            .order_by("lease__submitted_at", "lease_id", "pk")
+        )
+        for proposal in proposals:
+            inst = proposal.instance
+            expired = proposal.hold_rid is not None
+            if expired:
+                plan.scheduler.release(proposal.hold_rid, plan.t)
+            target = _decide_and_hold(plan, proposal, inst, now, fleet, _note(proposal, expired))
+            proposal.version += 1
+            proposal.save(
+                update_fields=[
+                    "proposed_node", "hold_rid", "held_until", "blocked_by", "message", "report", "version",
+                ]
+            )  # fmt: skip
+            events.send_on_commit("reschedule-changed", reschedule=proposal.pk)
+            held = plan.scheduler.held(proposal.hold_rid) if proposal.hold_rid else None
+            if target:
+                found += 1
+                audit.record(
+                    at=now, actor=None, action="reschedule.hold", target=proposal,
+                    reason=proposal.message[:500], details={"node": target},
+                )  # fmt: skip
+                if proposal.lease.auto_approve_reschedules and held is not None and held.start <= plan.t:
+                    pk = proposal.pk
+                    transaction.on_commit(lambda pk=pk: _auto_approve(pk))
+        if plan.make_way:
+            plan.scheduler.run_queue(plan.t)  # the leases that made way, planned again after the holds
+    return found
+
+
+def _note(proposal: Reschedule, expired: bool) -> str:
+    if expired:
+        return "its earlier hold expired;"
+    return "room found as it freed:" if proposal.blocked_by else ""
 
 
 def _auto_approve(pk: int) -> None:
@@ -138,6 +261,8 @@ class _Batch:
             fields = [
                 "status",
                 "version",
+                "hold_rid",
+                "held_until",
                 "report",
                 "blocked_by",
                 "message",
@@ -238,6 +363,18 @@ def _approve_one(proposal, plan, version: int | None, fleet: FleetView, batch: _
     inst = proposal.instance
     lease = inst.lease
     who = audit.actor_label(batch.actor)
+    sched = plan.scheduler
+    held = sched.held(proposal.hold_rid) if proposal.hold_rid is not None else None
+    if held is not None and held.start > plan.t and lease.state == LeaseState.ACTIVE:
+        # Its room is held from when it frees: the move can land from then, not before (the hold stays).
+        when = sched.label(held.start)
+        raise DomainError(f"reschedule {pk}: its room on {fleet.names.get(proposal.proposed_node_id)} is held "
+                          f"from {when}, when it frees; approve it then")  # fmt: skip
+    if proposal.hold_rid is not None:
+        # The room held for this move is given back first: the move is decided again with it free, and takes it
+        # unless something has changed there since (the target died, a group member moved in).
+        sched.release(proposal.hold_rid, plan.t)
+        proposal.hold_rid, proposal.held_until = None, None
     if lease.state != LeaseState.ACTIVE or inst.state not in (_I.LOST, *LIVE):
         # Closed by the system, not refused by the approver: the row must not read "rejected by <approver>".
         proposal.status = RescheduleStatus.REJECTED
@@ -269,7 +406,13 @@ def _approve_one(proposal, plan, version: int | None, fleet: FleetView, batch: _
         return ApprovalResult(pk, False, proposal.status, proposal.message, code="pending")
     target_id = decision.target
     target_name = fleet.names[target_id]
-    if not store.move_vnode(plan, lease.pk, inst.vnode, inst.node_id, target_id):
+    if inst.vnode in sched.detached(lease.pk):
+        moved = sched.attach(
+            lease.pk, inst.vnode, target_id, plan.t
+        )  # lost: its dead node's room went already
+    else:
+        moved = store.move_vnode(plan, lease.pk, inst.vnode, inst.node_id, target_id)
+    if not moved:
         raise DomainError(f"the slot table has no room for {inst.iid} on {target_name} any more")
     generation = batch.next_generation(lease.pk, inst.vnode)
     new, first = placed_instance(lease.pk, inst.vnode, generation, target_id, now, replaces=inst)
@@ -344,7 +487,8 @@ def withdraw_moot(now: datetime) -> int:
 
 
 def do_reject(actor, pk: int, *, now: datetime, reason: str = "") -> Reschedule:
-    with transaction.atomic():
+    """Rejects a pending proposal: the room held for it is given back, in a planning pass."""
+    with store.planning(now) as plan:
         proposal = Reschedule.objects.select_for_update().filter(pk=pk).first()
         if proposal is None:
             raise NotFound(f"reschedule {pk} does not exist")
@@ -354,7 +498,20 @@ def do_reject(actor, pk: int, *, now: datetime, reason: str = "") -> Reschedule:
         proposal.decided_at, proposal.decided_by = now, audit.actor_label(actor)
         proposal.message = reason or "rejected by an operator"
         proposal.version += 1
-        proposal.save(update_fields=["status", "decided_at", "decided_by", "message", "version"])
+        if proposal.hold_rid is not None:
+            plan.scheduler.release(proposal.hold_rid, plan.t)
+            proposal.hold_rid, proposal.held_until = None, None
+        proposal.save(
+            update_fields=[
+                "status",
+                "decided_at",
+                "decided_by",
+                "message",
+                "version",
+                "hold_rid",
+                "held_until",
+            ]
+        )
         audit.record(at=now, actor=actor, action="reschedule.reject", target=proposal, reason=reason)
         events.send_on_commit("reschedule-changed", reschedule=pk)
     return proposal

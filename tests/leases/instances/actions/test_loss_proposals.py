@@ -12,7 +12,7 @@ from fleet import actions as fleet_actions
 from leases.instances.actions import nodes as node_actions
 from leases.instances.actions import reschedules
 from leases.instances.models import Reschedule
-from leases.models import Group, Instance
+from leases.models import Group, Instance, Reservation
 from tests.leases.conftest import DECLARED_MIB
 from tests.leases.instances.helpers import healthy, run_lease
 
@@ -47,8 +47,11 @@ def test_the_proposals_of_one_dead_node_spread_over_nodes_that_can_hold_them(db)
     blocked = [p for p in proposals if p.proposed_node_id is None]
     assert len(blocked) == 2
     assert {p.blocked_by for p in blocked} == {"at_capacity"}
-    # Nothing was reserved by proposing: the slot table and the instances are as the loss left them.
+    # Proposing placed no instance, but each proposal holds its target's room in the slot table (issue 45).
     assert not Instance.objects.filter(lease=lease, state="placed").exists()
+    holds = Reservation.objects.filter(lease=lease, kind="hold", status="active")
+    assert sorted(h.nodes.popitem()[1] for h in holds) == sorted(p.proposed_node_id for p in placed)
+    assert sorted(holds.values_list("rid", flat=True)) == sorted(p.hold_rid for p in placed)
     # Approving the proposals that named a node moves each where it was proposed.
     results = reschedules.do_approve(None, [p.pk for p in placed], now=now)
     assert all(r.ok for r in results), [r.message for r in results]
