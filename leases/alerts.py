@@ -12,39 +12,40 @@ from datetime import datetime
 
 from leases.models import Alert
 from slotkeeper import audit, events
-from slotkeeper.bulk import Row, insert_many
 
 
 def raise_alert(kind: str, message: str, now: datetime, *, instance=None, lease=None, node=None) -> Alert:
-    alert = Alert.objects.create(
-        kind=kind,
-        message=message,
-        created_at=now,
-        instance=instance,
-        lease=lease or (instance.lease if instance else None),
-        node=node or (instance.node if instance else None),
-    )
+    """An open alert of this kind about this subject (instance, lease, node), raised once: raised again while it
+    is open, it counts (`count`, `last_seen_at`) and takes the newer message instead of adding a row, so a cause
+    that recurs does not bury the others."""
+    lease = lease or (instance.lease if instance else None)
+    node = node or (instance.node if instance else None)
+    subject = {"instance": instance, "lease": lease, "node": node}
+    alert = Alert.objects.select_for_update().filter(kind=kind, resolved_at=None, **subject).first()
+    if alert is not None:
+        alert.count += 1
+        alert.last_seen_at = now
+        alert.message = message
+        alert.save(update_fields=["count", "last_seen_at", "message"])
+    else:
+        alert = Alert.objects.create(kind=kind, message=message, created_at=now, last_seen_at=now, **subject)
     events.send_on_commit("alert-raised", alert=alert.pk)
     return alert
 
 
-def raise_lease_alerts(kind: str, alerts: list[tuple[int, str]], now: datetime) -> None:
-    """`raise_alert` for many leases at once, (lease id, message) each, in one INSERT: a pass that rejects
-    thousands of requests (immediate leases on a full fleet) raised an alert each with a statement of its own."""
-    if not alerts:
-        return
-    rows = insert_many(
-        [Row(kind=kind, message=message, created_at=now, lease_id=lease_id) for lease_id, message in alerts],
-        model=Alert,
-    )
-    for row in rows:
-        events.send_on_commit("alert-raised", alert=row.pk)
+def resolve(alerts, now: datetime, why: str) -> int:
+    """Resolves these open alerts with the reason, each with its audit row (the system's own "its cause ended")."""
+    count = 0
+    for alert in alerts:
+        alert.resolved_at = now
+        alert.resolution = why[:2000]
+        alert.save(update_fields=["resolved_at", "resolution"])
+        audit.record(at=now, actor=None, action="alert.resolve", target=alert, reason=why[:500])
+        events.send_on_commit("alert-raised", alert=alert.pk)
+        count += 1
+    return count
 
 
 def resolve_open(kind: str, now: datetime, why: str) -> None:
     """Resolves every open alert of a kind, each with its audit row (the system's own "it passed again")."""
-    for alert in Alert.objects.filter(kind=kind, resolved_at=None):
-        alert.resolved_at = now
-        alert.save(update_fields=["resolved_at"])
-        audit.record(at=now, actor=None, action="alert.resolve", target=alert, reason=why)
-        events.send_on_commit("alert-raised", alert=alert.pk)
+    resolve(Alert.objects.filter(kind=kind, resolved_at=None), now, why)

@@ -112,11 +112,7 @@ def refresh(
         started, started_cpu = time.perf_counter(), time.thread_time()
         estimates = forecast(sched, now.timestamp(), excluded, limit=LIMIT)
         cpu = _learn(work, time.thread_time() - started_cpu)
-        if cpu > INLINE_BUDGET_S:
-            log.info(
-                "queue forecast slower than a pass may wait: ticks compute it until it is cheap again",
-                extra={"queued": len(queue), "ms": round(1e3 * cpu)},
-            )
+        _say_slow(cpu > INLINE_BUDGET_S, len(queue), cpu)
         written = write(estimates)
         _taken(state, signature)
         state.forecast_at = now
@@ -273,3 +269,22 @@ def _changed(estimates: Mapping[int, Estimate]) -> list[Row]:
 def _moment(t: float | None) -> datetime | None:
     # Whole microseconds, as the database keeps them: an unchanged estimate compares equal and is not rewritten.
     return None if t is None else datetime.fromtimestamp(round(t, 6), UTC)
+
+
+_slow = (
+    False  # whether the last inline forecast was over its budget: said once when it becomes so, and when not
+)
+
+
+def _say_slow(slow: bool, queued: int, cpu: float) -> None:
+    """Logs the forecast's moving to the ticks (too slow for a pass) once, and its coming back once, not at every
+    pass that finds it so (the terminal repeated the line 15 times in 45 minutes of the demo)."""
+    global _slow
+    if slow and not _slow:
+        log.info(
+            "queue forecast slower than a pass may wait: ticks compute it until it is cheap again",
+            extra={"queued": queued, "ms": round(1e3 * cpu)},
+        )
+    elif not slow and _slow:
+        log.info("queue forecast cheap again: passes compute it inline", extra={"queued": queued})
+    _slow = slow

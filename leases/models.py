@@ -320,6 +320,11 @@ class Alert(models.Model):
     message = models.TextField()
     created_at = models.DateTimeField(db_index=True)
     resolved_at = models.DateTimeField(null=True, blank=True)
+    # Raised again for the same kind and subject while open: counted here, not a row each (leases/alerts.py).
+    count = models.PositiveIntegerField(default=1)
+    last_seen_at = models.DateTimeField(null=True, blank=True)
+    # Why it was resolved: by whom, or the system's "node n1 was re-admitted".
+    resolution = models.TextField(blank=True)
     lease = models.ForeignKey(Lease, null=True, blank=True, on_delete=models.CASCADE, related_name="alerts")
     instance = models.ForeignKey(
         Instance, null=True, blank=True, on_delete=models.CASCADE, related_name="alerts"

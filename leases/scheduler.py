@@ -121,8 +121,9 @@ class Scheduler(Deciding):
         self._stop_chain(rec, now)
         self._set_state(rec, _S.CANCELLED, now)
         rec.end = now
-        self._reevaluate(now)
-        self._process_queue(now)
+        with self._because(f"lease {lease_id} was cancelled at {self.label(now)}, freeing its room"):
+            self._reevaluate(now)
+            self._process_queue(now)
         self._run_events(now)
         return Decision(True, lease_id, rec.state, f"lease {lease_id} cancelled at {self.label(now)}")
 
@@ -164,7 +165,9 @@ class Scheduler(Deciding):
                 continue
             reason = "; ".join(f"node {n} {self._excluded[n]}" for n in bad)
             try:
-                self._requeue(rec, now)
+                named = "; ".join(f"{self.node_label(n)} is {self._excluded[n]}" for n in bad)
+                with self._because(f"re-planned before its reservation came due: {named}"):
+                    self._requeue(rec, now)
             except Exception as exc:
                 # Left to raise, one such lease failed every tick (and every approval, which advances first)
                 # from then on: it is isolated, as the event loop and the queue isolate theirs.
@@ -268,7 +271,10 @@ class Scheduler(Deciding):
                 rec.in_future = False
                 suspended = rec.state in (_S.SUSPENDED_SCHEDULED, _S.SUSPENDED_QUEUED)
                 if rec.state not in (_S.QUEUED, _S.SUSPENDED_QUEUED):
-                    self._set_state(rec, _S.SUSPENDED_QUEUED if suspended else _S.QUEUED, now)
+                    why = (
+                        f"queued again: its reservation no longer fits {self.node_label(node)}, which shrank"
+                    )
+                    self._set_state(rec, _S.SUSPENDED_QUEUED if suspended else _S.QUEUED, now, why)
                 self._enqueue(rec)
                 self.displaced.append((lid, node, "queued again"))
                 continue
@@ -310,8 +316,10 @@ class Scheduler(Deciding):
             self._set_state(rec, _S.REJECTED, now)
             outcome = self.unplaced(req)
             return Decision(False, req.id, rec.state, self._rejection(req, start, end, outcome), outcome)
-        for victim in plan.preempt:
-            self._preempt(self.leases[victim], start, now)
+        why = f"preempted by lease {req.id}, an advance reservation from {self.label(start)}"
+        with self._because(why):
+            for victim in plan.preempt:
+                self._preempt(self.leases[victim], start, now)
         self._commit(rec, plan, now)
         if not defer:
             self._process_queue(now)
@@ -326,6 +334,8 @@ class Scheduler(Deciding):
         vm = rec.current_vm()
         if rec.state in (_S.QUEUED, _S.SUSPENDED_QUEUED):
             return f"lease {rec.request.id} queued at position {self.queue_position(rec.request.id)}"
+        if rec.state == _S.DONE and rec.end is not None:
+            return f"lease {rec.request.id} ended at {self.label(rec.end)}"
         if vm is None:
             return f"lease {rec.request.id} is {rec.state}"
         nodes = ", ".join(sorted(self.node_label(n) for n in set(vm.nodes.values())))

@@ -34,7 +34,7 @@ from fleet import affinity, capacity, placement, reports
 from fleet.models import PlacementReport
 from fleet.placement import read_fleet
 from leases import forecasting, reads, vnodes
-from leases.alerts import raise_alert, raise_lease_alerts
+from leases.alerts import raise_alert
 from leases.instance_rows import present_instances, sync_many
 from leases.lifecycle import TERMINAL_LEASE_STATES, LeaseState
 from leases.models import (
@@ -691,7 +691,7 @@ def _plan_intents(plan: Planning) -> list[int]:
         (lease, _isolated_decision(lease.pk, isolated[lease.pk]) if lease.pk in isolated else decision)
         for lease, decision in decided
     ]
-    reports, audits, rejected = [], [], []
+    reports, audits = [], []
     # The reports and audit rows go in chunks, pipelined: the server writes one chunk while the next one's
     # reports are built (bulk.pipelined; nothing reads their keys back). The plan no longer changes from here,
     # so requests that hold nothing share their verdicts by shape and window (`report_fields`).
@@ -720,11 +720,8 @@ def _plan_intents(plan: Planning) -> list[int]:
                     details={"type": lease.type, "accepted": decision.accepted, "message": decision.message},
                 )
             )
-            # A rejection raises its alert (after the block: the alerts' keys are read back for their events); an
-            # isolation has its own.
-            if not decision.accepted and decision.state != LeaseState.FAILED:
-                why = f"lease {lease.pk} {lease.name} ({lease.type}) was rejected: {decision.message}"
-                rejected.append((lease.pk, why))
+            # A rejection is the client's answer (its 409), an audit row and a metric: no alert, which is for what
+            # an operator must act on (one per rejected request buried the real ones). An isolation has its own.
             events.send_on_commit("lease-changed", lease=lease.pk)
             accepted = str(decision.accepted).lower()
             metrics.inc("slotkeeper_lease_submissions_total", type=lease.type, accepted=accepted)
@@ -734,7 +731,6 @@ def _plan_intents(plan: Planning) -> list[int]:
                 _write_reports(reports, audits)
                 reports, audits = [], []
         _write_reports(reports, audits)
-    raise_lease_alerts("failed_placement", rejected, plan.now)
     return [lease.pk for lease in intents]
 
 
@@ -1055,11 +1051,14 @@ def _report_placed(plan: Planning, changes: list[Change]) -> None:
     rows = []
     messages = []
     replaced = dict(plan.scheduler.replaced)
+    why = {c.lease_id: c.reason for c in changes if c.what == "lease_state" and c.reason}
     for lease_id in sorted(placed - plan.reported):
         rec = plan.scheduler.leases.get(lease_id)
         if rec is None or rec.current_vm() is None:
             continue
         message = f"placed by the queue: {plan.scheduler.describe(lease_id)}"
+        if lease_id in why:  # the pass that placed it moved it off its plan first, or freed its room: say why
+            message += f" ({why[lease_id]})"
         if lease_id in replaced:
             message = f"re-placed when its reservation came due ({replaced[lease_id]}): {plan.scheduler.describe(lease_id)}"
         rows.append(placement_report(plan, lease_id, message=message, requested_by="scheduler"))
@@ -1147,30 +1146,34 @@ def _write_leases(
     sched: Scheduler, changes: list[Change], touched: set[int], messages: Mapping[int, str]
 ) -> None:
     """The lease rows of a pass: each touched lease's state (its steps into the history), what the scheduler
-    keeps of its run, and each decided request's message, in one UPDATE of each row. (Written field by field,
-    a request's row was updated three times a pass: each update a new row version with its index entries.)
-    Every writer of these fields holds the plan lock, so rewriting an unchanged state or run figure loses
-    nothing."""
-    steps = [c for c in changes if c.what == "lease_state"]
+    keeps of its run, and its message, in one UPDATE of each row. (Written field by field, a request's row was
+    updated three times a pass: each update a new row version with its index entries.) Every writer of these
+    fields holds the plan lock, so rewriting an unchanged state or run figure loses nothing.
+
+    A lease tells one story: the steps a pass took it through are one history row (a re-plan is "moved from 08:36
+    on batch-01 to 10:09 on batch-03: lease 12 ended early", not ready -> pending -> scheduled -> ready), each
+    saying why; and a lease whose state changed without a decided message gets one that matches its state, so a
+    queued lease's page never says it runs. A request's own steps from `new` are kept one by one."""
+    steps: dict[int, list[Change]] = {}
+    for c in changes:
+        if c.what == "lease_state":
+            steps.setdefault(c.lease_id, []).append(c)
     current = dict(Lease.objects.filter(pk__in=touched | messages.keys()).values_list("id", "state"))
+    said = dict(messages)
     history = []
-    last: dict[int, Row] = {}
-    for change in steps:
-        # Rows, not LeaseEvent instances: a burst's pass writes thousands of steps (bulk.Row).
-        last[change.lease_id] = step = Row(
-            lease_id=change.lease_id,
-            at=from_epoch(change.at),
-            from_state=current[change.lease_id],
-            to_state=str(change.state),
-            message="",
-        )
-        history.append(step)
-        current[change.lease_id] = str(change.state)
-    # The history's "why": the step a decision ended in carries its message (placed and where, rejected and why,
-    # cancelled by whom and why). Found by an outsider: the lease page's Why column was always empty.
-    for lease_id, step in last.items():
-        if lease_id in messages:
-            step.message = messages[lease_id]
+    for lease_id, taken in steps.items():
+        before = current[lease_id]
+        rows = _history_rows(sched, lease_id, before, taken, changes)
+        history.extend(rows)
+        current[lease_id] = str(taken[-1].state)
+        if lease_id in said:
+            rows[-1].message = said[
+                lease_id
+            ]  # the decision's message (placed and where, rejected and why...)
+        elif lease_id in sched.leases:
+            why = next((c.reason for c in reversed(taken) if c.reason), "")
+            story = sched.describe(lease_id)
+            said[lease_id] = f"{story}: {why}" if why and before != LeaseState.NEW else story
     insert_many(history, model=LeaseEvent)
     # One statement per set of fields: with or without a message, with or without the scheduler's figures.
     groups: dict[tuple[str, ...], list[Row]] = {}
@@ -1179,11 +1182,53 @@ def _write_leases(
         rec = sched.leases.get(pk) if pk in touched else None
         if rec is not None:
             fields.update(_synced(rec))
-        if pk in messages:
-            fields["message"] = messages[pk]
+        if pk in said:
+            fields["message"] = said[pk][:2000]
         groups.setdefault(tuple(fields), []).append(Row(pk=pk, **fields))
     for names, rows in groups.items():
         update_many(rows, names, model=Lease)
+
+
+def _history_rows(
+    sched: Scheduler, lease_id: int, before: str, taken: list[Change], changes: list[Change]
+) -> list[Row]:
+    """The history rows of one lease's steps in one pass: a request's steps from `new` one by one, anything else
+    folded into one row from where it was to where it ended, with why (and where it moved, for a re-plan)."""
+    if before == LeaseState.NEW:
+        rows, state = [], before
+        for c in taken:
+            rows.append(Row(lease_id=lease_id, at=from_epoch(c.at), from_state=state, to_state=str(c.state),
+                            message=c.reason[:2000]))  # fmt: skip
+            state = str(c.state)
+        return rows
+    reasons = list(dict.fromkeys(c.reason for c in taken if c.reason))
+    moved = _moved(sched, lease_id, changes)
+    message = "; ".join([*([moved] if moved else []), *reasons])
+    last = taken[-1]
+    return [
+        Row(lease_id=lease_id, at=from_epoch(last.at), from_state=before, to_state=str(last.state),
+            message=message[:2000])
+    ]  # fmt: skip
+
+
+def _moved(sched: Scheduler, lease_id: int, changes: list[Change]) -> str:
+    """ "moved from 08:36 on batch-01 to 10:09 on batch-03" when a pass replaced the lease's VM reservation by one
+    at another time or on other nodes; "" otherwise."""
+    dropped = [c.reservation for c in changes if c.lease_id == lease_id and c.what == "reservation_cancelled"
+               and c.reservation is not None and c.reservation.kind == "vm"]  # fmt: skip
+    added = [c.reservation for c in changes if c.lease_id == lease_id and c.what == "reservation_added"
+             and c.reservation is not None and c.reservation.kind == "vm"]  # fmt: skip
+    if not dropped or not added:
+        return ""
+    old, new = dropped[0], added[-1]
+
+    def where(r: ReservationRecord) -> str:
+        nodes = ", ".join(sorted({sched.node_label(n) for n in r.nodes.values()}))
+        return f"{sched.label(r.start)} on {nodes}" if nodes else sched.label(r.start)
+
+    if (old.start, sorted(old.nodes.values())) == (new.start, sorted(new.nodes.values())):
+        return ""
+    return f"moved from {where(old)} to {where(new)}"
 
 
 def _synced(rec: LeaseRecord) -> dict[str, Any]:

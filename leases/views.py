@@ -101,7 +101,10 @@ def lease_context(request, lease: Lease) -> dict:
     return {
         "lease": lease,
         "events": list(lease.events.all()),
-        "reservations": with_node_names(list(lease.reservations.order_by("start", "rid"))),
+        # Superseded (cancelled before they started) reservations are not listed: the history step says it.
+        "reservations": with_node_names(
+            list(lease.reservations.exclude(status="cancelled").order_by("start", "rid"))
+        ),
         "reports": [(r, sort_verdicts(r.rows, sort)) for r in reports],
         "sort": sort,
         # The form is offered until the lease ends; the action says why when it cannot be cancelled after all.

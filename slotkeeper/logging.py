@@ -80,3 +80,33 @@ class RequestIdMiddleware(DualModeMiddleware):
             rid  # for the lines Django writes about the request after the middleware returned
         )
         return rid, request_id_var.set(rid)
+
+
+class ExpectedAnswersFilter(logging.Filter):
+    """Django logs every 4xx answer as a warning ("Conflict: /api/leases/"); those are outcomes a client was told
+    (a 409 for a lease with no room, a fenced agent polling), not something an operator must look at. Each is
+    logged at info instead, and once a minute per (status, method, path) at most: a fenced agent polling every
+    5 s, or a burst of rejected requests, filled the terminal with the same line (issue 45)."""
+
+    EVERY_S = 60.0
+
+    def __init__(self, name: str = "") -> None:
+        super().__init__(name)
+        self._last: dict[tuple, float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name != "django.request" or record.levelno != logging.WARNING:
+            return True
+        status = getattr(record, "status_code", None)
+        if not isinstance(status, int) or not 400 <= status < 500:
+            return True
+        record.levelno, record.levelname = logging.INFO, "INFO"
+        request = getattr(record, "request", None)
+        key = (status, getattr(request, "method", ""), getattr(request, "path", record.getMessage()))
+        now = record.created
+        if now - self._last.get(key, -self.EVERY_S) < self.EVERY_S:
+            return False
+        if len(self._last) > 10_000:
+            self._last.clear()
+        self._last[key] = now
+        return True

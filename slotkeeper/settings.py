@@ -357,7 +357,10 @@ LOG_FORMAT = os.environ.get("LOG_FORMAT", "json")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"request_id": {"()": "slotkeeper.logging.RequestIdFilter"}},
+    "filters": {
+        "request_id": {"()": "slotkeeper.logging.RequestIdFilter"},
+        "expected_answers": {"()": "slotkeeper.logging.ExpectedAnswersFilter"},
+    },
     "formatters": {
         "json": {"()": "slotkeeper.logging.JsonFormatter"},
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"},
@@ -366,7 +369,7 @@ LOGGING = {
         "console": {
             "class": "logging.StreamHandler",
             "formatter": LOG_FORMAT if LOG_FORMAT in {"json", "plain"} else "json",
-            "filters": ["request_id"],
+            "filters": ["expected_answers", "request_id"],
         }
     },
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},

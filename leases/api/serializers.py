@@ -455,7 +455,9 @@ class LeaseDetailSerializer(LeaseSerializer):
 
 
 def _reservations_of(lease_id: int):
-    return Reservation.objects.filter(lease_id=lease_id).order_by("start", "rid")
+    # A reservation cancelled before it started was superseded by a re-plan (the history step that replaced it
+    # says from where to where): it is not part of the lease's story, so it is not listed.
+    return Reservation.objects.filter(lease_id=lease_id).exclude(status="cancelled").order_by("start", "rid")
 
 
 def _events_of(lease_id: int):

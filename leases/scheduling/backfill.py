@@ -13,6 +13,7 @@ from leases.lifecycle import LeaseState
 from leases.scheduling.mapper import ONE_CPU, Mapper
 from leases.scheduling.records import (
     ACTIVE,
+    CANCELLED,
     IMMEDIATE,
     REEVALUATED_STATES,
     RESUME,
@@ -23,6 +24,7 @@ from leases.scheduling.records import (
     LeaseRecord,
     LeaseRequest,
     Plan,
+    ReservationRecord,
     Spec,
 )
 from leases.slottable import Res
@@ -339,24 +341,38 @@ class Backfilling(Mapper):
             self._future.discard(lid)
             rec.in_future = False
             suspended = rec.state == _S.SUSPENDED_SCHEDULED
-            self._set_state(rec, _S.SUSPENDED_PENDING if suspended else _S.PENDING, now)
-            self._set_state(rec, _S.SUSPENDED_QUEUED if suspended else _S.QUEUED, now)
+            self._set_state(rec, _S.SUSPENDED_PENDING if suspended else _S.PENDING, now, reason)
+            self._set_state(rec, _S.SUSPENDED_QUEUED if suspended else _S.QUEUED, now, reason)
             self._enqueue(rec)
 
     def _reevaluate(self, now: float) -> None:
-        """Pull future best-effort reservations earlier into capacity that freed up; they can only improve."""
+        """Pull future best-effort reservations earlier into capacity that freed up; they can only improve. A lease
+        whose plan comes out the same keeps its reservations as they are: nothing is journaled for it (re-planning
+        every future lease at every change wrote three history steps and a cancelled reservation each time)."""
         for lid in sorted(self._future, key=lambda i: (self.leases[i].request.submit, i)):
             rec = self.leases[lid]
             if rec.state not in REEVALUATED_STATES:
                 continue
-            for r in rec.chain():
-                self._cancel_record(r, now)
+            old = rec.chain()
+            rows = [self.table.remove(r.rid) for r in old]
+            self._touch({n for row in rows for n in row.alloc})
             self._future.discard(lid)
             rec.in_future = False
             suspended = rec.state == _S.SUSPENDED_SCHEDULED
             try:
-                self._set_state(rec, _S.SUSPENDED_PENDING if suspended else _S.PENDING, now)
                 plan = self._plan_asap(rec, now, allow_future=self._can_schedule_in_future())
+                if plan is not None and _same_plan(plan, old):
+                    for row in rows:
+                        self.table.add(row)
+                    self._touch({n for row in rows for n in row.alloc})
+                    if plan.in_future:
+                        self._future.add(lid)
+                        rec.in_future = True
+                    continue
+                for r in old:
+                    r.status = CANCELLED
+                    self._journal(now, r, "reservation_cancelled")
+                self._set_state(rec, _S.SUSPENDED_PENDING if suspended else _S.PENDING, now)
                 if plan is not None:
                     self._commit(rec, plan, now)
                 else:
@@ -364,3 +380,14 @@ class Backfilling(Mapper):
                     self._enqueue(rec)
             except Exception as exc:
                 self._contain(rec, now, exc)
+
+
+def _same_plan(plan: Plan, old: list[ReservationRecord]) -> bool:
+    """Whether a plan is the reservations it would replace, kind for kind, window for window, node for node."""
+    if len(plan.specs) != len(old):
+        return False
+    return all(
+        (s.kind, s.start, s.end, dict(s.nodes), dict(s.sources))
+        == (r.kind, r.start, r.end, r.nodes, r.sources)
+        for s, r in zip(plan.specs, old, strict=True)
+    )

@@ -10,7 +10,7 @@ import contextlib
 import heapq
 import math
 from bisect import bisect_left, insort
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 
 from leases.lifecycle import LeaseState, lease_transition
@@ -79,6 +79,7 @@ class PlanBook:
         self._tick = 0
         self._future: set[int] = set()
         self._changes: list[Change] = []
+        self._cause = ""  # the reason journaled with state changes made now (`_because`)
         self.replaced: list[tuple[int, str]] = []  # set by advance(): leases requeued off unusable nodes
         self._excluded: Mapping[int, str] = {}
         # Per node: what it is observed to use beyond what the plan holds there now; work starting now must fit it.
@@ -450,11 +451,22 @@ class PlanBook:
         snapshot = replace(r, nodes=dict(r.nodes), sources=dict(r.sources))
         self._changes.append(Change(now, r.lease_id, what, reservation=snapshot))
 
-    def _set_state(self, rec: LeaseRecord, target: LeaseState, now: float) -> None:
+    def _set_state(self, rec: LeaseRecord, target: LeaseState, now: float, reason: str = "") -> None:
         before = rec.state
         rec.state = lease_transition(before, target, ident=str(rec.request.id), lease_type=rec.request.type)
         rec.history.append((now, str(before), str(target)))
-        self._changes.append(Change(now, rec.request.id, "lease_state", state=target))
+        why = reason or self._cause
+        self._changes.append(Change(now, rec.request.id, "lease_state", state=target, reason=why))
+
+    @contextlib.contextmanager
+    def _because(self, cause: str) -> Iterator[None]:
+        """Every state change made inside, of any lease, is journaled with `cause` (unless it names its own): a
+        lease preempted, requeued or moved by another's decision says whose and why."""
+        before, self._cause = self._cause, cause
+        try:
+            yield
+        finally:
+            self._cause = before
 
     def _push_events(self, r: ReservationRecord) -> None:
         self._tick += 1

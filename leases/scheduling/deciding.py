@@ -39,6 +39,9 @@ from leases.slots.values import vec
 from leases.slottable import Res
 
 _DIM_NAMES = ("cpu", "mem", "disk")
+# Room that frees later is held for a lost VM only if it holds at least this long, and at least half of what is
+# left of its lease: a hold for the last seconds of a lease is no recovery.
+MIN_HELD_S = 60.0
 _OF = ("", " memory", " disk")
 # What a refusal for want of room says of each outcome (seed 001's words: an operator must not hunt a load problem
 # that is really a dead agent).
@@ -75,7 +78,8 @@ class Deciding(Explaining):
         (start, node, leases that must make way) or None. Now if it fits now (`decide`); else the earliest later
         instant at which someone's plan ends, from which the whole rest of the window fits, counting as free the
         future reservations of best-effort leases submitted after `after` (the lost VM's lease's submission):
-        those listed make way (`make_way`) and are planned again after it. Nothing is changed here."""
+        those listed make way (`make_way`) and are planned again after it; a later start only while it leaves at
+        least half the rest of the window (MIN_HELD_S at least). Nothing is changed here."""
         trial = self.decide(req, now, excluded)
         if trial.placed:
             return now, trial.nodes[0], []
@@ -86,6 +90,8 @@ class Deciding(Explaining):
                         {p for p in self._future_points(now) if p < end})  # fmt: skip
         try:
             for start in points:
+                if start > now and end - start < max(MIN_HELD_S, 0.5 * (end - now)):
+                    break  # room that frees this late holds too little of what is left to be worth keeping
                 found = self._map(table, req, start, end, True, None)
                 if found is None:
                     continue

@@ -90,7 +90,8 @@ class EventLoop(Preemption):
         elif r.kind == RESUME and rec.state == _S.SUSPENDED_SCHEDULED:
             self._set_state(rec, _S.RESUMING, t)
         elif r.kind == SUSPEND and rec.state == _S.ACTIVE:
-            self._set_state(rec, _S.SUSPENDING, t)
+            why, rec.why = rec.why, ""
+            self._set_state(rec, _S.SUSPENDING, t, why)
 
     def _on_end(self, rec: LeaseRecord, r: ReservationRecord, t: float) -> None:
         self._retire(r, t, t)
@@ -138,4 +139,5 @@ class EventLoop(Preemption):
         rec.run_time += t - vm.start
         self._retire(vm, t, t)
         self._finish(rec, t)
-        self._reevaluate(max(t, self._now))
+        with self._because(f"lease {rec.request.id} ended early at {self.label(t)}, freeing its room"):
+            self._reevaluate(max(t, self._now))

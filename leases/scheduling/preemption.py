@@ -126,6 +126,7 @@ class Preemption(Backfilling):
         if vm is None or vm.start >= at or not self._can_suspend(rec, vm, at, now):
             self._requeue(rec, now)
             return
+        rec.why = self._cause  # said when the suspension starts: by whom, and why
         self._drop_holds(rec, now)  # suspended, its VM no longer takes a moved vnode back
         for r in rec.chain():
             if r.kind in (SHUTDOWN, SUSPEND):

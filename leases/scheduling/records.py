@@ -209,6 +209,9 @@ class LeaseRecord:
     lost_run_time: float = 0.0
     images: dict[int, int] = field(default_factory=dict)
     in_future: bool = False
+    # Why its next state change will happen, when that is decided now but comes later (a suspension planned for
+    # an advance reservation starts at its own time).
+    why: str = ""
 
     def chain(self) -> list[ReservationRecord]:
         """The reservations of the current plan (not yet done or cancelled), in time order; holds apart."""
@@ -244,6 +247,9 @@ class Change:
     what: str
     reservation: ReservationRecord | None = None
     state: LeaseState | None = None
+    # Why a lease's state changed, when something other than its own plan moved it (preempted by lease N, moved
+    # earlier after lease M ended, requeued off a draining node): the lease's history says it.
+    reason: str = ""
 
 
 # The placer's outcomes (fleet/capacity.py Outcome), as a Trial names them; REFUSED is a request the scheduler

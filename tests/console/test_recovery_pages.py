@@ -35,8 +35,9 @@ def lose_node_of(lease: Lease) -> Node:
 
 @pytest.fixture
 def two_lost(fleet):
-    """Two immediate leases whose instances are lost with their node(s): two pending proposals."""
-    a, b = submit("render-a"), submit("render-b")
+    """Two immediate leases whose instances are lost with their node(s): two pending proposals, each holding
+    half a GiB of the survivors' room (so that the fixtures after it still have room)."""
+    a, b = submit("render-a", mem=512), submit("render-b", mem=512)
     lose_node_of(a)
     if Instance.objects.get(lease=b).state != "lost":
         lose_node_of(b)

@@ -68,7 +68,8 @@ def test_a_best_effort_lease_suspended_for_a_reservation_resumes_after_a_reload(
     assert ar.state == "done"
     # Suspended for the reservation, then resumed onto the node once it was free again.
     states = list(be.events.order_by("pk").values_list("to_state", flat=True))
-    assert "suspending" in states and "suspended_queued" in states
+    # (The steps of one pass are one history row: suspended and re-planned in one tick reads as one step.)
+    assert "suspending" in states and any(s.startswith("suspended_") for s in states), states
     assert be.state in ("resuming", "resumed_ready", "active"), states
     # And the scheduler still takes new work.
     later = actions.do_submit_lease(None, spec("later", "best_effort", 1), now=T0 + timedelta(seconds=801))

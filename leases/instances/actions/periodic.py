@@ -10,7 +10,7 @@ from django.db import transaction
 from django.db.models import Count
 
 from leases import actions as lease_actions
-from leases.instances.actions import drains, nodes, reschedules, restarts, retention
+from leases.instances.actions import alerts, drains, nodes, reschedules, restarts, retention
 from leases.instances.models import Reschedule
 
 
@@ -22,6 +22,7 @@ def tick(now: datetime) -> None:
         lease_actions.advance(now)
         with transaction.atomic():
             reschedules.withdraw_moot(now)
+        alerts.resolve_moot(now)
         restarts.supervise(now)
         drains.drive_drains(now)
 

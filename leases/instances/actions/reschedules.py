@@ -92,7 +92,9 @@ def _decide_and_hold(
     if room is not None:
         start, target_id, in_way = room
         if in_way:
-            sched.make_way(in_way, plan.t)
+            sched.make_way(
+                in_way, plan.t, f"made way for lease {inst.lease_id}, whose instance {inst.iid} lost its node"
+            )
             plan.make_way = True  # the caller runs the queue: they are planned again after the hold
         held = sched.hold(inst.lease_id, inst.vnode, target_id, start, plan.t + req.duration, plan.t)
     if held is not None:
@@ -105,7 +107,7 @@ def _decide_and_hold(
         proposal.blocked_by = ""
         when = "" if held.start <= plan.t else f" from {sched.label(held.start)}, when it frees"
         report.message = f"would move to {name}; its room there is held{when} until {until:%H:%M:%S} UTC"
-        proposal.message = f"{note} {report.message}".strip()
+        proposal.message = _after(note, report.message)
         if held.start > plan.t:
             report.outcome, report.code = trial.outcome, trial.outcome
     else:
@@ -114,7 +116,7 @@ def _decide_and_hold(
         # The most telling reason code of the verdicts, as an approval left pending says it (BLOCKERS).
         proposal.blocked_by = next((code for code in BLOCKERS if report.counts.get(code)), outcome)
         report.message = f"no room now ({outcome.replace('_', ' ')}): {report.summary}"
-        proposal.message = f"{note} {report.message}; tried again as room frees, in lease order".strip()
+        proposal.message = _after(note, f"{report.message}; tried again as room frees, in lease order")
     report.save()
     proposal.report = report
     if held is not None:
@@ -162,6 +164,10 @@ def refresh(now: datetime) -> int:
             expired = proposal.hold_rid is not None
             if expired:
                 plan.scheduler.release(proposal.hold_rid, plan.t)
+            elif not _room_for(plan, inst, fleet):
+                # Still no room: the proposal stays as it is (no new version, which would make an operator's
+                # approval of the page they see stale, and no new report every tick).
+                continue
             target = _decide_and_hold(plan, proposal, inst, now, fleet, _note(proposal, expired))
             proposal.version += 1
             proposal.save(
@@ -183,6 +189,23 @@ def refresh(now: datetime) -> int:
         if plan.make_way:
             plan.scheduler.run_queue(plan.t)  # the leases that made way, planned again after the holds
     return found
+
+
+def _after(note: str, text: str) -> str:
+    """`text` after the policy's note, as a sentence of its own when the note ends one."""
+    if note.endswith("."):
+        text = text[:1].upper() + text[1:]
+    return f"{note} {text}".strip()
+
+
+def _room_for(plan: store.Planning, inst: Instance, fleet: FleetView) -> bool:
+    req = move_request(plan, inst, fleet)
+    if req is None:
+        return False
+    return (
+        plan.scheduler.find_room(req, store.to_epoch(inst.lease.submitted_at), plan.t, plan.excluded)
+        is not None
+    )
 
 
 def _note(proposal: Reschedule, expired: bool) -> str:

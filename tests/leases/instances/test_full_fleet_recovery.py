@@ -87,7 +87,9 @@ def test_with_no_room_at_once_the_room_is_held_from_when_it_frees_before_newcome
     assert (hold.kind, hold.status, hold.start) == ("hold", "scheduled", now + timedelta(seconds=600))
     assert "when it frees" in proposal.message
     [again] = Reservation.objects.filter(lease=early, status="scheduled")
-    assert set(again.nodes.values()).isdisjoint(hold.nodes.values()), "planned again beside the hold, not on it"
+    assert set(again.nodes.values()).isdisjoint(hold.nodes.values()), (
+        "planned again beside the hold, not on it"
+    )
     # Approving it before then is refused with the reason, and keeps the hold.
     with pytest.raises(DomainError, match="held from"):
         reschedules.do_approve(None, [proposal.pk], now=now + timedelta(seconds=60))
