@@ -128,6 +128,12 @@ class RescheduleSerializer(serializers.ModelSerializer):
     new_instance = serializers.CharField(
         source="new_instance.iid", default=None, read_only=True, allow_null=True
     )
+    held_until = serializers.DateTimeField(
+        read_only=True,
+        allow_null=True,
+        help_text="While pending with a proposed node: its room there is held for this move until then (then "
+        "released and proposed again against the fleet as it is).",
+    )
 
     class Meta:
         model = Reschedule
@@ -141,6 +147,7 @@ class RescheduleSerializer(serializers.ModelSerializer):
             "blocked_by",
             "message",
             "version",
+            "held_until",
             "created_at",
             "decided_at",
             "decided_by",
@@ -335,7 +342,10 @@ class AlertSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Alert
-        fields = ["id", "kind", "message", "created_at", "resolved_at", "lease", "instance", "node"]
+        fields = [
+            "id", "kind", "message", "created_at", "resolved_at", "count", "last_seen_at", "resolution", "lease",
+            "instance", "node",
+        ]  # fmt: skip
         read_only_fields = fields
 
 
