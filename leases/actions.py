@@ -314,9 +314,8 @@ def advance(now: datetime) -> None:
             plan.tick = may_forecast
             plan.scheduler.advance(plan.t, plan.excluded)
             for lease_id, reason in plan.scheduler.replaced:
+                # Its history step and its message say why (the applier writes them from the pass's journal).
                 lease = Lease.objects.get(pk=lease_id)
-                # Written with the lease's row by the applier, after (and over) a message this pass decided.
-                plan.messages[lease_id] = f"re-placed when its reservation came due: {reason}"
                 audit.record(at=now, actor=None, action="lease.replace", target=lease, reason=reason)
         if plan.forecast is not None:
             forecasting.complete(plan.forecast)

@@ -72,6 +72,8 @@ __all__ = [
 ]
 
 _S = LeaseState
+# Exclusions that do not pass by themselves (an operator ends them): reservations planned there are moved at once.
+LASTING_EXCLUSIONS = frozenset({"draining", "dead"})
 
 
 class Scheduler(Deciding):
@@ -141,6 +143,8 @@ class Scheduler(Deciding):
             self._room.forget_before(now)
         self._now = max(self._now, now)
         self.replaced = self._recheck_due(now) if self._excluded else []
+        if self._excluded:
+            self.replaced += self._recheck_future(now)
         self._run_events(now)
         if run_queue:
             self._process_queue(now)
@@ -175,6 +179,71 @@ class Scheduler(Deciding):
                 continue
             replaced.append((rec.request.id, reason))
         return replaced
+
+    def _recheck_future(self, now: float) -> list[tuple[int, str]]:
+        """Reservations not started yet on a node that will not come back by itself (draining, dead) are planned
+        again at once, not when they come due: a best-effort lease goes back to the queue (which places it
+        elsewhere), an advance reservation keeps its window on other nodes where the fleet holds it there. One that
+        no other node can hold stays, and is listed once in `stranded` (lease id -> why) for the caller to say so.
+        Leases with work under way keep their plan (their later reservations follow their running VM)."""
+        gone = {n: why for n, why in self._excluded.items() if why.partition(":")[0] in LASTING_EXCLUSIONS}
+        if not gone:
+            return []
+        lids = sorted(
+            {row.lease_id for n in gone for row in self.table.reservations(start=now, node=n) if row.start > now}
+        )
+        out = []
+        for lid in lids:
+            rec = self.leases.get(lid)
+            if rec is None or rec.state not in (_S.SCHEDULED, _S.READY, _S.SUSPENDED_SCHEDULED):
+                continue
+            future = [r for r in rec.chain() if r.status == SCHEDULED and r.start > now]
+            bad = sorted({n for r in future for n in r.nodes.values() if n in gone})
+            if not bad or len(future) != len(rec.chain()):
+                continue
+            named = "; ".join(f"{self.node_label(n)} is {gone[n].partition(': ')[0]}" for n in bad)
+            why = f"re-planned before its reservation came due: {named}"
+            try:
+                if rec.request.type == BEST_EFFORT:
+                    with self._because(why):
+                        self._requeue(rec, now)
+                    out.append((lid, "; ".join(f"node {n} {gone[n]}" for n in bad)))
+                elif self._move_future(rec, future, now, why):
+                    out.append((lid, "; ".join(f"node {n} {gone[n]}" for n in bad)))
+                elif lid not in self._stranded_said:
+                    self._stranded_said.add(lid)
+                    self.stranded[lid] = (
+                        f"booked on {named}, and no other node holds its window: it stays there unless the node "
+                        f"comes back or an operator acts"
+                    )
+            except Exception as exc:
+                self._contain(rec, now, exc)
+        return out
+
+    def _move_future(self, rec: LeaseRecord, future: list[ReservationRecord], now: float, why: str) -> bool:
+        """An advance reservation's reservations (none started) onto other nodes for the same window, all or
+        nothing; False, with nothing changed, when no set of usable nodes holds it."""
+        rows = [self.table.remove(r.rid) for r in future]
+        self._touch({n for row in rows for n in row.alloc})
+        start, end = min(r.start for r in future), max(r.end for r in future)
+        found = self._map(self.table, rec.request, start, end, True, None)
+        if found is None:
+            for row in rows:
+                self.table.add(row)
+            self._touch({n for row in rows for n in row.alloc})
+            return False
+        for r in future:
+            r.status = CANCELLED
+            self._journal(now, r, "reservation_cancelled")
+        for r in future:
+            self._place(rec, Spec(r.kind, r.start, r.end, dict(found[0])), now)
+        # A step in its history that says it moved and why (the applier writes "moved from ... to ...: why").
+        self._changes.append(Change(now, rec.request.id, "lease_state", state=rec.state, reason=why))
+        return True
+
+    def take_stranded(self) -> dict[int, str]:
+        stranded, self.stranded = self.stranded, {}
+        return stranded
 
     def restore(self, lease: LeaseRecord) -> None:
         """Load an existing lease (the live service, from its database); its live reservations enter the table.

@@ -432,6 +432,7 @@ def _pass(now: datetime, started: float) -> Iterator[Planning]:
     touched = apply(sched, changes, plan.messages)
     _report_placed(plan, changes)
     _record_isolated(sched.take_isolated(), now)
+    _record_stranded(sched.take_stranded(), now)
     _record_displaced(sched.take_displaced(), nodes, now)
     state.version += 1
     state.next_rid = sched.next_rid
@@ -1086,6 +1087,21 @@ def _record_displaced(
         lease.save(update_fields=["message"])
         audit.record(at=now, actor=None, action="lease.replace", target=lease, reason=reason)
         log.warning("lease displaced", extra={"lease": lease_id, "node": node, "outcome": outcome})
+
+
+def _record_stranded(stranded: Mapping[int, str], now: datetime) -> None:
+    """Says on each advance reservation left booked on a draining or dead node why it could not be moved: on the
+    lease (its message, which its page and the node's list of reservations show), in the audit feed, and as an
+    alert, since an operator must decide (bring the node back, or cancel or move the reservation)."""
+    for lease_id, why in stranded.items():
+        lease = Lease.objects.filter(pk=lease_id).first()
+        said = f"lease {lease_id} is {why}"[:2000]
+        if lease is None or lease.message == said:
+            continue  # said already (a scheduler loaded again finds it again)
+        lease.message = said
+        lease.save(update_fields=["message"])
+        audit.record(at=now, actor=None, action="lease.stranded", target=lease, reason=why[:500])
+        raise_alert("reservation_stranded", f"lease {lease_id} {lease.name}: {why}"[:2000], now, lease=lease)
 
 
 def _record_isolated(isolated: list[tuple[int, str]], now: datetime) -> None:

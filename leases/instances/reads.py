@@ -106,23 +106,49 @@ def in_flight(node: Node) -> int:
 
 
 def drain_progress(node: Node) -> dict:
+    """What a drain is doing, in one consistent set of words from its first second: each move's phase (room held
+    on its target and waiting its turn, no room yet, moving, moved, not moved) and the counts of each, so that the
+    figures and the rows never contradict each other (the list said "0 in flight" while every row said placed)."""
     rows = Reschedule.objects.filter(cause="drain", instance__node=node).select_related(
-        "instance", "new_instance"
+        "instance", "new_instance__node", "proposed_node"
     )
     live_left = Instance.objects.filter(node=node, state__in=LIVE).count()
     items = []
+    counts = {"waiting": 0, "blocked": 0, "moving": 0, "moved": 0, "not_moved": 0}
     for r in rows.order_by("pk"):
-        if r.status == RescheduleStatus.PENDING:
-            blocker = r.blocked_by or (
-                "waiting for its turn (max_parallel)" if node.drain_deadline else "waiting for approval"
+        target = r.proposed_node.name if r.proposed_node_id else None
+        blocker = ""
+        if r.status == RescheduleStatus.PENDING and target:
+            phase, said = (
+                "waiting",
+                f"room held on {target}; "
+                + ("waiting for its turn (max_parallel)" if node.drain_deadline else "waiting for approval"),
             )
+        elif r.status == RescheduleStatus.PENDING:
+            phase, blocker = "blocked", r.blocked_by or "fleet_at_capacity"
+            said = "no room on any node yet; tried again as room frees"
+        elif (
+            r.status == RescheduleStatus.APPLIED and r.new_instance_id and r.new_instance.state == _I.RUNNING
+        ):
+            phase, said = (
+                "moved",
+                f"moved: running on {r.new_instance.node.name}" if r.new_instance.node_id else "moved",
+            )
+        elif r.status == RescheduleStatus.APPLIED and r.new_instance_id and r.new_instance.state in LIVE:
+            phase, said = "moving", "moving: placed on its new node, not running there yet"
+        elif r.status == RescheduleStatus.APPLIED:
+            phase, said = "moved", "moved"
         else:
-            blocker = ""
+            phase, said = "not_moved", f"not moved: {r.message}" if r.message else "not moved"
+        counts[phase] += 1
         items.append(
             {
                 "reschedule": r.pk,
                 "instance": r.instance.iid,
                 "status": r.status,
+                "phase": phase,
+                "said": said,
+                "target": target,
                 "blocked_by": blocker,
                 "message": r.message,
                 "new_instance": r.new_instance.iid if r.new_instance_id else None,
@@ -134,6 +160,7 @@ def drain_progress(node: Node) -> dict:
         "deadline": node.drain_deadline,
         "max_parallel": node.drain_max_parallel,
         "instances_left": live_left,
-        "in_flight": in_flight(node),
+        "in_flight": counts["moving"],
+        "counts": counts,
         "moves": items,
     }

@@ -81,6 +81,10 @@ class PlanBook:
         self._changes: list[Change] = []
         self._cause = ""  # the reason journaled with state changes made now (`_because`)
         self.replaced: list[tuple[int, str]] = []  # set by advance(): leases requeued off unusable nodes
+        # Advance reservations booked on a draining or dead node that no other node can hold (lease id -> why),
+        # each said once (`_stranded_said`) until the caller takes them.
+        self.stranded: dict[int, str] = {}
+        self._stranded_said: set[int] = set()
         self._excluded: Mapping[int, str] = {}
         # Per node: what it is observed to use beyond what the plan holds there now; work starting now must fit it.
         self._now_extra: Mapping[int, Res] = {}
