@@ -190,7 +190,12 @@ class Scheduler(Deciding):
         if not gone:
             return []
         lids = sorted(
-            {row.lease_id for n in gone for row in self.table.reservations(start=now, node=n) if row.start > now}
+            {
+                row.lease_id
+                for n in gone
+                for row in self.table.reservations(start=now, node=n)
+                if row.start > now
+            }
         )
         out = []
         for lid in lids:

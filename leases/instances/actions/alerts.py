@@ -45,7 +45,12 @@ def resolve_moot(now: datetime) -> int:
         for alert in held.select_for_update(of=("self",)):
             resolved += resolve([alert], now, f"its node {alert.node.name} is back ({alert.node.status})")
         ended = open_alerts.filter(
-            kind__in=["instance_held", "restarts_exhausted", "reschedule_budget_spent", "reservation_stranded"],
+            kind__in=[
+                "instance_held",
+                "restarts_exhausted",
+                "reschedule_budget_spent",
+                "reservation_stranded",
+            ],
             lease__state__in=[s.value for s in TERMINAL_LEASE_STATES],
         ).select_related("lease")
         for alert in ended.select_for_update(of=("self",)):

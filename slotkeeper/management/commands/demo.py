@@ -269,42 +269,21 @@ def write_private(path: Path, text: str) -> None:
         f.write(text)
 
 
-def submit_demo_leases(server: str, stop: threading.Event, every_s: float = 8.0) -> None:
-    """A demo integration: submits a mix of best-effort, advance-reservation and immediate leases through the real
-    API, so the slot table has something to show. Runs until `stop` is set."""
-    import random
-    from datetime import UTC, datetime, timedelta
-
+def submit_demo_leases(server: str, stop: threading.Event) -> None:
+    """A demo integration: the recovery cases below, then leases at a pace that follows the fleet and an operator's
+    day now and then (slotkeeper/demo_load.py), through the real API, until `stop` is set."""
     import requests
 
+    from slotkeeper import demo_load
+
     token = issue("demo-integration", "operator", "demo lease generator")
+    admin = issue("demo-operator-day", "admin", "demo: a node lost and re-admitted, a node drained")
     session = requests.Session()
     session.headers["Authorization"] = f"Bearer {token}"
-    rng = random.Random()
-    n = 0
     stop.wait(10)  # let the agents' first heartbeats land, or every node would still be stale
-    _demo_recovery_cases(server, session)
-    while not stop.is_set():
-        n += 1
-        kind = rng.choices(["best_effort", "advance_reservation", "immediate"], [6, 2, 1])[0]
-        duration = rng.choice([120, 300, 600, 1200])
-        body = {
-            "name": f"demo-{n}",
-            "type": kind,
-            "duration_s": duration,
-            "nodes": [
-                {"cpu_cores": rng.choice([1, 2, 4]), "mem_mib": rng.choice([2048, 4096, 8192]), "disk_gib": 5}
-            ]
-            * rng.randint(1, 3),
-            "real_duration_s": duration * rng.uniform(0.5, 1.0) if rng.random() < 0.3 else None,
-        }
-        if kind == "advance_reservation":
-            start = datetime.now(UTC) + timedelta(minutes=rng.randint(5, 90))
-            body["start"] = start.replace(second=0, microsecond=0).isoformat()
-        # The server may be shutting down; the loop ends with `stop`.
-        with contextlib.suppress(requests.RequestException):
-            session.post(f"{server}/api/leases/", json=body, timeout=10)
-        stop.wait(every_s)
+    with contextlib.suppress(requests.RequestException):
+        _demo_recovery_cases(server, session)
+    demo_load.run(server, token, admin, stop)
 
 
 def _demo_recovery_cases(server: str, session) -> None:
