@@ -11,6 +11,9 @@ from slotkeeper import collector
 
 @pytest.fixture
 def restored():
+    # Whatever ran before in this process (another test's server start-up freezes what it built) is thawed first:
+    # under pytest-xdist the order of a worker's tests is not the file order.
+    gc.unfreeze()
     before = gc.get_threshold()
     yield
     gc.unfreeze()

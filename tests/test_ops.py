@@ -65,11 +65,13 @@ def test_the_line_django_writes_about_a_refused_request_carries_its_request_id(c
 
     from slotkeeper.logging import RequestIdFilter
 
-    with caplog.at_level(logging.WARNING, logger="django.request"):
+    with caplog.at_level(logging.INFO, logger="django.request"):
         response = operator.post("/api/leases/", {"name": ""}, format="json")
     assert response.status_code == 400
     (record,) = [r for r in caplog.records if r.name == "django.request"]
     assert record.getMessage() == "Bad Request: /api/leases/"
+    # An answer the client was given, logged at info (slotkeeper.logging.ExpectedAnswersFilter), not a warning.
+    assert record.levelname == "INFO"
     RequestIdFilter().filter(record)  # what every handler of ours runs before it writes the line
     assert record.request_id == response["X-Request-ID"] != "-"
 

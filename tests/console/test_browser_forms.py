@@ -159,21 +159,25 @@ def test_an_operator_cancels_a_lease_from_its_page(page, console):
     assert page.locator("#cancel-form").count() == 0
 
 
-def test_an_operator_resolves_an_alert(page, console):
-    # A rejected immediate lease raises a failed_placement alert.
-    body = {"name": "alert-maker", "type": "immediate", "duration_s": 600, "nodes": [{"mem_mib": 8192}] * 8}
-    try:
-        console.api("POST", "/api/leases", console.operator_token, body)
-    except Exception as exc:  # the API answers 409 for the rejection
-        assert "409" in str(exc)
+def test_an_operator_resolves_an_alert(page, admin_page, console):
+    # A node declared dead raises a node_dead alert (a rejected lease raises none: its client has its 409).
+    node = console.nodes["morpheus"]
+    admin_page.goto(f"{console.url}/nodes/{node['id']}/")
+    admin_page.click("details.danger summary")
+    admin_page.fill("details.danger input[name=reason]", "alert-maker: PSU")
+    admin_page.click("#declare-dead")
+    admin_page.wait_for_selector("#node-fenced")
     page.goto(console.url + "/alerts/")
-    row = page.locator('tr[data-alert="failed_placement"]', has_text="alert-maker")
+    row = page.locator('tr[data-alert="node_dead"]', has_text="alert-maker")
     row.locator("summary").click()
-    row.locator("input[name=reason]").fill("capacity added")
+    row.locator("input[name=reason]").fill("PSU replaced")
     row.locator("button[type=submit]").click()
     page.wait_for_selector(".messages li.success")
     assert "resolved" in page.locator(".messages").inner_text()
-    assert page.locator('tr[data-alert="failed_placement"]', has_text="alert-maker").count() == 0
+    assert page.locator('tr[data-alert="node_dead"]', has_text="alert-maker").count() == 0
+    admin_page.fill("#node-fenced input[name=reason]", "PSU replaced")
+    admin_page.click("#readmit")
+    admin_page.wait_for_selector(".messages li.success")
 
 
 def test_an_admin_declares_a_node_dead_and_re_admits_it(admin_page, console):
