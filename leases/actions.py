@@ -103,21 +103,7 @@ def do_submit_lease(
     )  # passes from here on name the requests they decide: this one's, once it is stored
     try:
         with transaction.atomic():
-            lease = Lease(
-                name=spec.name,
-                type=spec.type,
-                submitted_at=now,
-                requested_start=spec.start,
-                duration_s=spec.duration_s,
-                vnodes=spec.vnodes,
-                capabilities=list(spec.capabilities),
-                preemptible=spec.preemptible,
-                real_duration_s=spec.real_duration_s,
-                submitted_by=actor if getattr(actor, "pk", None) else None,
-                idempotency_key=idempotency.key if idempotency else "",
-                request_digest=idempotency.digest if idempotency else "",
-                **spec.policy,
-            )
+            lease = _intent(actor, spec, now, idempotency)
             bulk.insert_one(lease)
             groups = list(Group.objects.filter(name__in=spec.groups)) if spec.groups else []
             if groups:
@@ -128,6 +114,115 @@ def do_submit_lease(
             raise
         return _answer(earlier, now, since=None, replayed=True)
     return _answer(lease.pk, now, since=since, groups=groups)
+
+
+@dataclass
+class BatchItem:
+    """One lease of an array (`do_submit_leases`): its spec and key in, its answer (or the reason the key refused
+    it) out."""
+
+    spec: LeaseSpec
+    idempotency: Idempotency | None = None
+    submitted: Submitted | None = None
+    refused: str = ""  # a key reused for another body
+
+
+def do_submit_leases(actor, items: list[BatchItem], *, now: datetime) -> list[BatchItem]:
+    """A lease array: every item stored as an intent in one transaction, in order, then decided by the planning
+    pass that comes next, which plans them in that order as if they had been submitted one after another (group
+    commit: a pass plans up to MAX_BATCH waiting requests at once), and each answered with its own decision and
+    report. An item whose Idempotency key was used before is answered as that earlier request (with nothing
+    stored); one whose key was used for another body is refused (`refused`), and the others go on. The array is
+    one audit row (`lease.batch`), and each lease its own (`lease.submit`, written by the pass)."""
+    since = planwake.ticket()
+    stored: list[tuple[BatchItem, int, bool]] = []  # (item, lease id, replayed)
+    with transaction.atomic():
+        for item in items:
+            idem = item.idempotency
+            try:
+                earlier = _earlier_request(actor, idem) if idem else None
+            except KeyReused as exc:
+                item.refused = str(exc)
+                continue
+            if earlier is not None:
+                stored.append((item, earlier, True))
+                continue
+            lease = _intent(actor, item.spec, now, idem)
+            try:
+                if idem is None:
+                    bulk.insert_one(lease)
+                else:
+                    with transaction.atomic():  # a savepoint: a key stored meanwhile fails this item alone
+                        bulk.insert_one(lease)
+            except IntegrityError:
+                earlier = _earlier_request(actor, idem) if idem else None
+                if earlier is None:
+                    raise
+                stored.append((item, earlier, True))
+                continue
+            if item.spec.groups:
+                lease.groups.set(list(Group.objects.filter(name__in=item.spec.groups)))
+            stored.append((item, lease.pk, False))
+        audit.record(
+            at=now,
+            actor=actor,
+            action="lease.batch",
+            target=None,
+            details={
+                "items": len(items),
+                "leases": [pk for _, pk, replayed in stored if not replayed],
+                "replayed": [pk for _, pk, replayed in stored if replayed],
+                "refused": sum(1 for i in items if i.refused),
+            },
+        )
+    fresh = [pk for _, pk, replayed in stored if not replayed]
+    if fresh:
+        # Intents are planned oldest first (submitted_at, then id): once the last is decided, so are all the others.
+        store.await_decision(max(fresh), now, since=since)
+    answers = _answers([pk for _, pk, _ in stored], now)
+    for (item, _, replayed), submitted in zip(stored, answers, strict=True):
+        submitted.replayed = replayed
+        item.submitted = submitted
+    return items
+
+
+def _intent(actor, spec: LeaseSpec, now: datetime, idempotency: Idempotency | None) -> Lease:
+    return Lease(
+        name=spec.name,
+        type=spec.type,
+        submitted_at=now,
+        requested_start=spec.start,
+        duration_s=spec.duration_s,
+        vnodes=spec.vnodes,
+        capabilities=list(spec.capabilities),
+        preemptible=spec.preemptible,
+        real_duration_s=spec.real_duration_s,
+        submitted_by=actor if getattr(actor, "pk", None) else None,
+        idempotency_key=idempotency.key if idempotency else "",
+        request_digest=idempotency.digest if idempotency else "",
+        **spec.policy,
+    )
+
+
+def _answers(lease_ids: list[int], now: datetime) -> list[Submitted]:
+    """`_answer` for many decided (or replayed) requests: their rows and first reports in two queries. A replayed
+    one still waiting for its pass (another request of the same key in flight) is waited for alone."""
+    leases = {lease.pk: lease for lease in Lease.objects.filter(pk__in=lease_ids)}
+    out = []
+    pending = [pk for pk in lease_ids if pk not in leases or leases[pk].state == LeaseState.NEW]
+    if pending:
+        for pk in pending:
+            leases[pk] = store.await_decision(pk, now, since=None)
+    subjects = [f"lease:{pk}" for pk in lease_ids]
+    first: dict[str, PlacementReport] = {}
+    for report in PlacementReport.objects.filter(subject__in=subjects).order_by("id"):
+        first.setdefault(report.subject, report)
+    for pk in lease_ids:
+        lease = leases[pk]
+        report = first.get(f"lease:{pk}")
+        assert report is not None, f"lease {pk} was decided without a report"
+        out.append(Submitted(lease, _decision_of(lease, report), report))
+    return out
 
 
 def do_replay_lease(actor, idempotency: Idempotency, *, now: datetime) -> Submitted | None:
@@ -171,15 +266,19 @@ def _answer(
     # "placed by the queue" reports, which are not this request's answer).
     report = reads.first_report(f"lease:{lease.pk}")
     assert report is not None, f"lease {lease.pk} was decided without a report"
-    # The report says what the pass decided; the lease's state says whether that still holds. A lease the
-    # scheduler isolated (failed) after its report was written (later in the same pass, the tick's part of it,
-    # or a pass that ran before this waiter woke) was answered 201 "placed" while it had failed.
+    return Submitted(lease, _decision_of(lease, report), report, replayed)
+
+
+def _decision_of(lease: Lease, report: PlacementReport) -> Decision:
+    """The decision a request got, from its lease row and the report the pass wrote about it. The report says
+    what the pass decided; the lease's state says whether that still holds. A lease the scheduler isolated
+    (failed) after its report was written (later in the same pass, the tick's part of it, or a pass that ran
+    before this waiter woke) was answered 201 "placed" while it had failed."""
     state = LeaseState(lease.state)
     refused = state in (LeaseState.FAILED, LeaseState.REJECTED)
     accepted = report.outcome != "rejected" and not refused
     message = lease.message if state == LeaseState.FAILED and lease.message else report.message
-    decision = Decision(accepted, lease.pk, state, message, "" if accepted else report.code or "rejected")
-    return Submitted(lease, decision, report, replayed)
+    return Decision(accepted, lease.pk, state, message, "" if accepted else report.code or "rejected")
 
 
 # The probe of a preview is no lease: an id no lease can have.

@@ -18,6 +18,7 @@ SIZE_FIELDS = ("cpu_cores", "mem_mib", "disk_gib")
 DEFAULTS = {
     "type": LeaseType.BEST_EFFORT,
     "vms": "1",
+    "copies": "1",
     "cpu_cores": "1",
     "mem_mib": "1024",
     "disk_gib": "0",
@@ -39,7 +40,7 @@ def check_lease(post: QueryDict, *, now: datetime | None = None) -> Checked:
     """The posted form as the API's request; `now`, the request's arrival, is what "in the past" is judged by."""
     values = {
         name: post.get(name, "").strip()
-        for name in ("name", "type", "start", "duration_s", "vms", "capabilities", *SIZE_FIELDS)
+        for name in ("name", "type", "start", "duration_s", "vms", "copies", "capabilities", *SIZE_FIELDS)
     }
     values["groups"] = post.getlist("groups")
     values["preemptible"] = bool(post.get("preemptible"))
@@ -64,7 +65,17 @@ def check_lease(post: QueryDict, *, now: datetime | None = None) -> Checked:
         out.add("vms", "A whole number of VMs, at least 1.")
         return out
     body["nodes"] = [dict(vnode) for _ in range(min(count, MAX_VMS))]
-    return check(LeaseCreateSerializer, body, values, field_of=lease_field, context=context)
+    out = check(LeaseCreateSerializer, body, values, field_of=lease_field, context=context)
+    copies = number(values["copies"] or "1")
+    if not isinstance(copies, int) or not 1 <= copies <= MAX_COPIES:
+        out.add("copies", f"A whole number of copies, from 1 to {MAX_COPIES}.")
+    elif out.ok:
+        out.data["copies"] = copies
+    return out
+
+
+# The most copies the form submits at once: a lease array's limit (leases/api/serializers.py MAX_BATCH_ITEMS).
+MAX_COPIES = 1000
 
 
 def check_cancel(post: QueryDict) -> Checked:

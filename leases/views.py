@@ -127,6 +127,8 @@ def lease_new(request):
     if request.method == "POST":
         now = timezone.now()  # the request's arrival: validated against, and submitted with
         checked = forms.check_lease(request.POST, now=now)
+        if checked.ok and checked.data.get("copies", 1) > 1:
+            return _submit_copies(request, checked.data, now)
         if checked.ok:
             try:
                 result = actions.do_submit_lease(
@@ -147,6 +149,21 @@ def lease_new(request):
             request, "leases/new.html", lease_form_context(checked.values, checked.errors), status=400
         )
     return render(request, "leases/new.html", lease_form_context(dict(forms.DEFAULTS), {}))
+
+
+def _submit_copies(request, data: dict, now):
+    """N copies of the form's lease, as one lease array (the API's `POST /api/leases/batch` path): named "name-1"
+    .. "name-N", decided in one pass, in order; the lease list shows them, newest first, with what became of each."""
+    copies = data["copies"]
+    items = []
+    for i in range(1, copies + 1):
+        spec = actions.LeaseSpec.from_request({**data, "name": f"{data['name']}-{i}"[:200]})
+        items.append(actions.BatchItem(spec))
+    done = actions.do_submit_leases(request.user, items, now=now)
+    placed = sum(1 for item in done if item.submitted and item.submitted.decision.accepted)
+    text = f"{copies} copies of {data['name']} submitted: {placed} accepted, {copies - placed} refused."
+    (messages.success if placed == copies else messages.warning)(request, text)
+    return redirect("lease-list")
 
 
 def lease_form_context(values: dict, errors: dict) -> dict:

@@ -41,9 +41,10 @@ def _fields(
         "actor_id": real_user.pk if real_user is not None else None,
         "actor_label": actor_label(actor),
         "action": action,
-        "target_type": target._meta.model_name,
-        "target_id": str(target.pk),
-        "target_label": str(target),
+        # No target: an action on many things at once (a lease array), which its details list.
+        "target_type": target._meta.model_name if target is not None else "",
+        "target_id": str(target.pk) if target is not None else "",
+        "target_label": str(target) if target is not None else "",
         "reason": reason,
         "details": details or {},
     }

@@ -326,6 +326,74 @@ class ReportSummarySerializer(ReportBriefSerializer):
         return reverse("api:placement-report-detail", args=[report.pk]).rstrip("/") + "/"
 
 
+MAX_BATCH_ITEMS = 1000
+
+
+class LeaseBatchItemSerializer(LeaseCreateSerializer):
+    """One lease of an array, for the schema: a lease request's body, with its own optional key."""
+
+    idempotency_key = serializers.RegexField(
+        r"^[!-~]{1,255}$",
+        required=False,
+        help_text="As the Idempotency-Key header of a single request, for this item: a retry of the array with the "
+        "same key and the same body for this item is answered with the first item's lease and decision.",
+    )
+
+
+class LeaseBatchSerializer(StrictSerializer):
+    leases = BoundedListField(
+        child=serializers.DictField(),
+        min_length=1,
+        max_length=MAX_BATCH_ITEMS,
+        help_text="Up to 1,000 lease bodies, each exactly as POST /api/leases/ takes it (plus `idempotency_key`), "
+        "decided in one planning pass, in order, as if submitted one after another.",
+    )
+
+
+class LeaseBatchSchemaSerializer(serializers.Serializer):
+    """The request as the schema states it (the view checks each item on its own, so that a bad item does not
+    stop the others)."""
+
+    leases = LeaseBatchItemSerializer(many=True, min_length=1, max_length=MAX_BATCH_ITEMS)
+
+
+class LeaseBatchResultSerializer(serializers.Serializer):
+    index = serializers.IntegerField(help_text="The item's place in the request, from 0.")
+    status = serializers.ChoiceField(
+        choices=[201, 409, 400], help_text="What the single request would answer."
+    )
+    id = serializers.IntegerField(required=False, help_text="The lease (absent for a 400).")
+    state = serializers.CharField(required=False, help_text="Its state (absent for a 400).")
+    message = serializers.CharField()
+    code = serializers.CharField(required=False, help_text="For a 409: as the single request's `code`.")
+    errors = serializers.DictField(required=False, help_text="For a 400: the field errors.")
+    idempotent_replayed = serializers.BooleanField(
+        required=False, help_text="The answer of an earlier request with this item's key."
+    )
+    summary = serializers.CharField(
+        required=False, help_text="Unless Prefer: return=minimal: the verdicts' line."
+    )
+    counts = serializers.DictField(child=serializers.IntegerField(), required=False)
+    report = serializers.IntegerField(required=False, help_text="The decision's placement report.")
+
+
+class LeaseBatchResponseSerializer(serializers.Serializer):
+    results = LeaseBatchResultSerializer(many=True)
+
+
+def idempotency_of_item(key, item: dict) -> Idempotency | None:
+    """An array item's key with the digest of its body (the item less its key), as `idempotency_of` makes them for
+    a single request's header and body; a malformed key is a ValidationError for the item."""
+    if key is None:
+        return None
+    if not isinstance(key, str) or not _IDEMPOTENCY_KEY.fullmatch(key):
+        raise serializers.ValidationError(
+            {"idempotency_key": ["Must be 1-255 visible ASCII characters (no spaces), e.g. a UUID."]}
+        )
+    body = json.dumps(item, sort_keys=True, separators=(",", ":"), default=str)
+    return Idempotency(key, hashlib.sha256(body.encode()).hexdigest())
+
+
 class LeaseRejectedSerializer(serializers.Serializer):
     """The answer to a lease request that was not placed (409), for the schema: the view writes it."""
 

@@ -12,6 +12,7 @@ from drf_spectacular.utils import (
 )
 from rest_framework import status, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -33,7 +34,7 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
         return s.LeaseDetailSerializer if self.action == "retrieve" else s.LeaseSerializer
 
     def get_permissions(self):
-        return [IsOperator()] if self.action in {"create", "cancel"} else [IsViewer()]
+        return [IsOperator()] if self.action in {"create", "cancel", "batch"} else [IsViewer()]
 
     def retrieve(self, request, *args, **kwargs):
         return Response(s.plain(s.LeaseDetailSerializer, self.get_object()))
@@ -136,6 +137,58 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
             response["Idempotent-Replayed"] = "true"
         return minimal_applied(response) if minimal else response
 
+    @extend_schema(
+        request=s.LeaseBatchSchemaSerializer,
+        parameters=[
+            OpenApiParameter(
+                "Prefer",
+                str,
+                OpenApiParameter.HEADER,
+                enum=["return=minimal", "return=representation"],
+                description="`return=minimal`: each result leaves out its verdicts' summary and counts.",
+            )
+        ],
+        responses={
+            200: s.LeaseBatchResponseSerializer,
+            400: OpenApiResponse(description='the body is not `{"leases": [...]}` with 1 to 1,000 objects'),
+        },
+        description="A lease array: each item is decided as `POST /api/leases/` would decide it (201, 409 or 400 "
+        "in its `status`), all in one planning pass, in order; a bad item does not stop the others.",
+    )
+    @action(detail=False, methods=["post"], url_path="batch")
+    def batch(self, request):
+        now = timezone.now()
+        data = s.LeaseBatchSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        results: list[dict] = [{} for _ in data.validated_data["leases"]]
+        items, where = [], []
+        keys: dict[str, int] = {}
+        for i, raw in enumerate(data.validated_data["leases"]):
+            body = dict(raw)
+            key = body.pop("idempotency_key", None)
+            try:
+                idem = s.idempotency_of_item(key, body)
+                if idem is not None and idem.key in keys:
+                    raise ValidationError(
+                        {"idempotency_key": [f"Item {keys[idem.key]} of this array has the same key."]}
+                    )
+                spec = actions.LeaseSpec.from_request(s.validated_lease(body, now))
+            except ValidationError as exc:
+                detail = exc.detail if isinstance(exc.detail, dict) else {"non_field_errors": exc.detail}
+                results[i] = {"index": i, "status": 400, "message": "invalid lease request", "errors": detail}
+                continue
+            if idem is not None:
+                keys[idem.key] = i
+            items.append(actions.BatchItem(spec, idem))
+            where.append(i)
+        if items:
+            actions.do_submit_leases(request.user, items, now=now)
+        minimal = prefers_minimal(request)
+        for i, item in zip(where, items, strict=True):
+            results[i] = _batch_result(i, item, minimal)
+        response = Response({"results": results})
+        return minimal_applied(response) if minimal else response
+
     @extend_schema(request=s.CancelSerializer, responses={200: s.LeaseDetailSerializer})
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
@@ -146,6 +199,39 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
             request.user, lease.pk, now=timezone.now(), reason=ser.validated_data["reason"]
         )
         return Response(s.plain(s.LeaseDetailSerializer, lease))
+
+
+def _batch_result(index: int, item: actions.BatchItem, minimal: bool) -> dict:
+    """One item's answer, as the single request's status and decision say it."""
+    if item.refused:
+        return {
+            "index": index,
+            "status": 400,
+            "message": item.refused,
+            "errors": {"idempotency_key": [item.refused]},
+        }
+    result = item.submitted
+    assert result is not None
+    decision = result.decision
+    # As the single request answers: a lease the scheduler could not plan at all (isolated, failed) is the
+    # server's fault, a 500, not a conflict.
+    status = 201 if decision.accepted else 500 if decision.state == LeaseState.FAILED else 409
+    out: dict = {
+        "index": index,
+        "status": status,
+        "id": result.lease.pk,
+        "state": str(result.lease.state),
+        "message": decision.message,
+    }
+    if not decision.accepted:
+        out["code"] = decision.code
+    if result.replayed:
+        out["idempotent_replayed"] = True
+    if not minimal:
+        out["summary"] = result.report.summary
+        out["counts"] = result.report.counts
+        out["report"] = result.report.pk
+    return out
 
 
 class SlotsView(APIView):
