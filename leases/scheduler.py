@@ -289,6 +289,10 @@ class Scheduler(Deciding):
             self._next_rid = max(self._next_rid, r.rid + 1)
             self._records[r.rid] = r
             self._push_events(r)
+            if r.kind == VM and r.status == ACTIVE:
+                # A running VM's early end (its real run time, in simulation) is an event of its own, pushed when it
+                # started: a scheduler loaded again without it ran the VM to its planned end.
+                self._push_early_end(lease, r)
             # A migration holds its sources as well as its destinations: both nodes' cached figures change.
             self._touch({*r.nodes.values(), *r.sources.values()})
         if lease.state in (_S.QUEUED, _S.SUSPENDED_QUEUED):

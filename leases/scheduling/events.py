@@ -42,7 +42,10 @@ class EventLoop(Preemption):
         real = rec.request.real_duration
         if real is None or vm.status != ACTIVE:
             return None
-        at = vm.start + (real - rec.run_time)
+        # Never before the VM's own start: a lease whose real run time was used up by an earlier VM (it was
+        # suspended, or a reload missed its early end) ends as this one starts. Before, such an end came before the
+        # start, and the reservation written with it broke the database's check in every tick from then on.
+        at = max(vm.start, vm.start + (real - rec.run_time))
         suspends = any(r.kind == SUSPEND for r in rec.chain())
         return at if at < vm.end or (at == vm.end and suspends) else None
 

@@ -439,3 +439,27 @@ def test_a_lease_that_cannot_be_requeued_off_an_unusable_node_is_isolated_and_th
         r for r in s.leases[2].reservations if r.status in ("scheduled", "active")
     ]
     assert s.leases[3].state == LeaseState.ACTIVE  # the other node runs the rest of the queue
+
+
+def test_a_running_vms_early_end_survives_a_reload_of_the_scheduler():
+    """Found by the demo: restore pushed a VM's start and end but not its early end (the lease's real run time), so
+    a scheduler loaded again ran the VM to its planned end, and once it was suspended and resumed, the early end
+    fell before the resumed VM's start and every tick failed writing it."""
+    first = make(1)
+    first.submit(LeaseRequest(1, "best_effort", 0, None, 600, (F,), real_duration=100), 0)
+    first.advance(10)
+    again = make(1)
+    for rec in first.leases.values():
+        again.restore(rec)
+    again.advance(200)
+    assert again.leases[1].state == LeaseState.DONE
+    assert again.leases[1].end == 100
+
+
+def test_an_early_end_never_comes_before_its_vms_start():
+    s = make(1)
+    s.submit(LeaseRequest(1, "best_effort", 0, None, 600, (F,), real_duration=100), 0)
+    rec = s.leases[1]
+    rec.run_time = 150  # more than its real run time, used up before this VM (a reload lost its early end)
+    vm = rec.current_vm()
+    assert vm is not None and s._early_end(rec, vm) == vm.start
