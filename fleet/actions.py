@@ -21,7 +21,7 @@ from django.db.models import Case, F, Q, Value, When
 
 from fleet import nodestate, token_notices
 from fleet.models import HealthSample, Node, NodeStatus, SweepState
-from slotkeeper import audit, events, metrics, planlock
+from slotkeeper import audit, events, metrics, outbox, planlock
 from slotkeeper.auth import NodeToken, node_tokens
 from slotkeeper.domain import DomainError, NotFound
 from slotkeeper.models import hash_token, new_token
@@ -66,6 +66,7 @@ def do_register_node(
                 token_digest=hash_token(raw),
             )
             audit.record(at=now, actor=actor, action="node.register", target=node)
+            _node_event(node.pk, "registered", now, "", "registered; waiting for its first heartbeat")
             events.send_on_commit("node-changed", node=node.pk)
     except IntegrityError:
         raise DomainError(f"a node named {name!r} already exists") from None
@@ -302,6 +303,7 @@ def _bring_back(node: Node, now: datetime) -> None:
             details={"from": node.status, "to": returning_to},
         )
         log.info("node back", extra={"node": node.name, "from": node.status, "to": returning_to})
+        _node_event(node.pk, returning_to, now, node.status, "heartbeat received")
         node.status = returning_to
 
 
@@ -353,6 +355,7 @@ def do_drain(
         node.drain_max_parallel = max_parallel
         node.version += 1
         node.save(update_fields=DRAIN_FIELDS)
+        _node_event(node.pk, NodeStatus.DRAINING, now, previous, reason)
         audit.record(
             at=now,
             actor=actor,
@@ -380,6 +383,7 @@ def do_undrain(actor, node_id: int, *, reason: str = "", now: datetime) -> Node:
             node.status_changed_at = now
             node.status_reason = f"undrained: {reason}" if reason else "undrained"
         was = node.drain_reason
+        _node_event(node.pk, node.status, now, NodeStatus.DRAINING, node.status_reason)
         node.drain_reason = ""
         node.drained_by = None
         node.drained_at = None
@@ -459,6 +463,7 @@ def do_readmit(actor, node_id: int, *, reason: str, now: datetime) -> Node:
         node.status = NodeStatus.OFFLINE
         node.status_changed_at = now
         node.status_reason = f"re-admitted: {reason}"[:300]
+        _node_event(node.pk, "readmitted", now, NodeStatus.DEAD, node.status_reason)
         # Silence is counted from here: the sweep must not find it dead again before its agent had a chance.
         node.last_heartbeat_at = None
         node.version += 1
@@ -495,7 +500,15 @@ def _mark_dead(
     node.version += 1
     node.save(update_fields=["status", "status_changed_at", "status_reason", "version", *(extra or [])])
     audit.record(at=now, actor=actor, action=action, target=node, reason=reason, details={"from": previous})
+    _node_event(node.pk, NodeStatus.DEAD, now, previous, reason)
     events.send_on_commit("node-changed", node=node.pk)
+
+
+def _node_event(node_id: int, to: str, now: datetime, was: str, reason: str) -> None:
+    """The event feed's row for a node's change of status (slotkeeper/outbox.py), in the transaction making it."""
+    outbox.append(
+        f"node.{to}", now, node=node_id, data={"from": str(was), "to": str(to), "reason": reason[:300]}
+    )
 
 
 def _offline_after() -> float:
@@ -575,6 +588,7 @@ def sweep(now: datetime) -> SweepResult:
                     audit.record(
                         at=now, actor=None, action="node.offline", target=node, reason="no heartbeat"
                     )
+                    _node_event(node.pk, NodeStatus.OFFLINE, now, NodeStatus.ONLINE, reason)
                     events.send_on_commit("node-changed", node=node.pk)
                     result.offline.append(node.name)
     if not disrupted and _grace_over(grace_from, dead_cutoff):

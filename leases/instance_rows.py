@@ -17,7 +17,7 @@ from django.db.models import Max
 
 from leases.lifecycle import LIVE_INSTANCE_STATES, InstanceState, LeaseState, can_instance, instance_id
 from leases.models import Instance, InstanceEvent
-from slotkeeper import events
+from slotkeeper import events, outbox
 from slotkeeper.bulk import Row, insert_many
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,10 @@ def step(
         )
         return False
     InstanceEvent.objects.create(instance=inst, at=now, from_state=inst.state, to_state=target, reason=reason)
+    outbox.append(
+        f"instance.{target}", now, lease=inst.lease_id, instance=inst.iid, node=inst.node_id,
+        data={"from": str(inst.state), "to": str(target), "reason": reason[:2000]},
+    )  # fmt: skip
     inst.state = target
     inst.state_changed_at = now
     if save:
@@ -92,8 +96,17 @@ def create_instance(lease_id: int, vnode: int, node_id: int, now: datetime, *, r
     inst.save()
     first.instance_id = inst.pk
     insert_many([first], model=InstanceEvent)
+    outbox.append_many([placed_event(inst, now)])
     events.send_on_commit("instance-changed", instance=inst.iid, lease=lease_id)
     return inst
+
+
+def placed_event(inst, now: datetime) -> Row:
+    """The event feed's row for a new instance placed on its node (slotkeeper/outbox.py)."""
+    return outbox.event(
+        "instance.placed", now, lease=inst.lease_id, instance=inst.iid, node=inst.node_id,
+        data={"from": _I.REQUESTED.value, "to": _I.PLACED.value, "vnode": inst.vnode, "generation": inst.generation},
+    )  # fmt: skip
 
 
 def wind_down(inst: Instance, now: datetime, *, finished: bool, reason: str) -> None:
@@ -155,6 +168,7 @@ def sync_many(
     )
     firsts = [Row(instance_id=inst.pk, **_first_event(now)) for inst in created]
     insert_many(firsts, model=InstanceEvent)
+    outbox.append_many(placed_event(inst, now) for inst in created)
     for inst in created:
         events.send_on_commit("instance-changed", instance=inst.iid, lease=inst.lease_id)
 

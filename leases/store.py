@@ -56,7 +56,7 @@ from leases.scheduler import (
     SchedulerConfig,
 )
 from leases.slottable import Res
-from slotkeeper import audit, events, metrics, planlock, planwake
+from slotkeeper import audit, events, metrics, outbox, planlock, planwake
 from slotkeeper.audit import actor_label
 from slotkeeper.bulk import Row, insert_many, pipelined, update_many
 from slotkeeper.models import AuditEntry
@@ -1177,20 +1177,22 @@ def _write_leases(
     current = dict(Lease.objects.filter(pk__in=touched | messages.keys()).values_list("id", "state"))
     said = dict(messages)
     history = []
+    feed: list[Row] = []
     for lease_id, taken in steps.items():
         before = current[lease_id]
         rows = _history_rows(sched, lease_id, before, taken, changes)
         history.extend(rows)
         current[lease_id] = str(taken[-1].state)
         if lease_id in said:
-            rows[-1].message = said[
-                lease_id
-            ]  # the decision's message (placed and where, rejected and why...)
+            # The decision's message (placed and where, rejected and why...).
+            rows[-1].message = said[lease_id]
         elif lease_id in sched.leases:
             why = next((c.reason for c in reversed(taken) if c.reason), "")
             story = sched.describe(lease_id)
             said[lease_id] = f"{story}: {why}" if why and before != LeaseState.NEW else story
+        feed.extend(_feed_events(sched, lease_id, before, taken, rows[-1].message or said.get(lease_id, "")))
     insert_many(history, model=LeaseEvent)
+    outbox.append_many(feed)
     # One statement per set of fields: with or without a message, with or without the scheduler's figures.
     groups: dict[tuple[str, ...], list[Row]] = {}
     for pk, state in current.items():
@@ -1203,6 +1205,63 @@ def _write_leases(
         groups.setdefault(tuple(fields), []).append(Row(pk=pk, **fields))
     for names, rows in groups.items():
         update_many(rows, names, model=Lease)
+
+
+_S = LeaseState
+_PLANNED = {_S.SCHEDULED, _S.READY, _S.SUSPENDED_SCHEDULED}
+_SUSPENDED = {_S.SUSPENDING, _S.SUSPENDED_PENDING, _S.SUSPENDED_QUEUED, _S.SUSPENDED_SCHEDULED}
+_ENDS = {_S.DONE: "lease.ended", _S.CANCELLED: "lease.cancelled", _S.REJECTED: "lease.rejected",
+         _S.FAILED: "lease.failed"}  # fmt: skip
+
+
+def _feed_events(
+    sched: Scheduler, lease_id: int, before: str, taken: list[Change], message: str
+) -> list[Row]:
+    """The event feed's words for one lease's steps in one pass (slotkeeper/outbox.py), written with them."""
+    at = from_epoch(taken[-1].at)
+    after = LeaseState(str(taken[-1].state))
+    was = LeaseState(before)
+    types: list[str] = []
+    if was == _S.NEW:
+        types.append("lease.submitted")
+        if after in (_S.QUEUED, _S.SUSPENDED_QUEUED):
+            types.append("lease.queued")
+        elif after in _PLANNED or after == _S.ACTIVE:
+            types.append("lease.placed")
+    if after in _ENDS:
+        types.append(_ENDS[after])
+    elif after == _S.ACTIVE and was != _S.NEW:
+        resumed = (
+            was in _SUSPENDED
+            or was in (_S.RESUMING, _S.RESUMED_READY)
+            or any(c.state in (_S.RESUMING, _S.RESUMED_READY) for c in taken)
+        )
+        types.append("lease.resumed" if resumed else "lease.started")
+    elif after == _S.ACTIVE:
+        types.append("lease.started")
+    elif after in _SUSPENDED and was in (_S.ACTIVE, _S.SUSPENDING) and was != after:
+        types.append("lease.suspended")
+    elif after in (_S.QUEUED, _S.SUSPENDED_QUEUED) and was != _S.NEW:
+        types.append("lease.queued")
+    elif after in _PLANNED and was in (_S.QUEUED, _S.SUSPENDED_QUEUED, _S.PENDING, _S.SUSPENDED_PENDING):
+        types.append("lease.placed")
+    elif after in _PLANNED and was != _S.NEW:
+        types.append("lease.replanned")
+    if not types:
+        return []
+    data: dict[str, Any] = {"from": before, "to": str(after), "message": message[:2000]}
+    reason = next((c.reason for c in reversed(taken) if c.reason), "")
+    if reason:
+        data["reason"] = reason[:2000]
+    rec = sched.leases.get(lease_id)
+    vm = rec.current_vm() if rec is not None else None
+    if vm is not None:
+        data.update(
+            start=from_epoch(vm.start).isoformat(),
+            end=from_epoch(vm.end).isoformat(),
+            nodes=sorted({sched.node_label(n) for n in vm.nodes.values()}),
+        )
+    return [outbox.event(t, at, lease=lease_id, data=data) for t in types]
 
 
 def _history_rows(

@@ -53,3 +53,39 @@ class AuditEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor_label} {self.action} {self.target_label}"
+
+
+class Event(models.Model):
+    """One row of the outbox (slotkeeper/outbox.py): what changed, written in the transaction that changed it, and
+    numbered (`seq`) once committed, in commit order, for the event feed (`/api/events/`) to follow. Plain ids, no
+    foreign keys: an event outlives the rows it names (a deleted node's events are still its history)."""
+
+    seq = models.PositiveBigIntegerField(null=True, blank=True, unique=True)
+    type = models.CharField(max_length=40)
+    at = models.DateTimeField()
+    lease_id = models.BigIntegerField(null=True, blank=True)
+    instance = models.CharField(max_length=64, blank=True)
+    node_id = models.BigIntegerField(null=True, blank=True)
+    data = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["lease_id", "seq"], name="event_lease_seq_idx"),
+            models.Index(fields=["node_id", "seq"], name="event_node_seq_idx"),
+            models.Index(fields=["at"], name="event_at_idx"),
+            # The rows not numbered yet: the sequencer's next batch, found without a scan.
+            models.Index(fields=["id"], condition=models.Q(seq__isnull=True), name="event_unnumbered_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"event {self.seq} {self.type}"
+
+
+class EventFeed(models.Model):
+    """The feed's one state row: every event up to `pruned_through` has been deleted by retention, so a client
+    asking for anything after an earlier `seq` is told to resync (410)."""
+
+    pruned_through = models.PositiveBigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"event feed, pruned through {self.pruned_through}"

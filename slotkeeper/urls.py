@@ -24,6 +24,7 @@ from leases.instances.api.views import (
 from slotkeeper import ops
 from slotkeeper import views as console_views
 from slotkeeper.decorators import role_required
+from slotkeeper.feed import EventFeedView
 
 
 class Router(DefaultRouter):
@@ -54,6 +55,7 @@ redoc = role_required("viewer")(SpectacularRedocView.as_view(url_name="schema"))
 api_urls = [
     path("placement/preview", PlacementPreviewView.as_view(), name="placement-preview"),
     path("slots/", SlotsView.as_view(), name="slots"),
+    path("events/", EventFeedView.as_view(), name="events"),
     path("nodes/<int:node_id>/drain-progress", DrainProgressView.as_view(), name="drain-progress"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", swagger_ui, name="api-docs"),

@@ -329,17 +329,6 @@ class ReportSummarySerializer(ReportBriefSerializer):
 MAX_BATCH_ITEMS = 1000
 
 
-class LeaseBatchItemSerializer(LeaseCreateSerializer):
-    """One lease of an array, for the schema: a lease request's body, with its own optional key."""
-
-    idempotency_key = serializers.RegexField(
-        r"^[!-~]{1,255}$",
-        required=False,
-        help_text="As the Idempotency-Key header of a single request, for this item: a retry of the array with the "
-        "same key and the same body for this item is answered with the first item's lease and decision.",
-    )
-
-
 class LeaseBatchSerializer(StrictSerializer):
     leases = BoundedListField(
         child=serializers.DictField(),
@@ -350,11 +339,19 @@ class LeaseBatchSerializer(StrictSerializer):
     )
 
 
-class LeaseBatchSchemaSerializer(serializers.Serializer):
-    """The request as the schema states it (the view checks each item on its own, so that a bad item does not
-    stop the others)."""
+class LeaseBatchSchemaSerializer(StrictSerializer):
+    """The request as the schema states it: any objects, 1 to 1,000 of them, each checked on its own as a lease
+    request (`LeaseCreateRequest`, and an optional `idempotency_key`) and answered in its own result, so that a bad item does not stop the others
+    (a 400 in its `status`, not for the whole array)."""
 
-    leases = LeaseBatchItemSerializer(many=True, min_length=1, max_length=MAX_BATCH_ITEMS)
+    leases = serializers.ListField(
+        child=serializers.DictField(),
+        min_length=1,
+        max_length=MAX_BATCH_ITEMS,
+        help_text="Each a lease request as `POST /api/leases/` takes it (`LeaseCreateRequest`), with an optional "
+        "`idempotency_key` (1-255 visible ASCII characters, as the Idempotency-Key header of a single request); one "
+        "that is not is answered 400 in its own result.",
+    )
 
 
 class LeaseBatchResultSerializer(serializers.Serializer):

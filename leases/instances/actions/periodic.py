@@ -12,6 +12,7 @@ from django.db.models import Count
 from leases import actions as lease_actions
 from leases.instances.actions import alerts, drains, nodes, reschedules, restarts, retention
 from leases.instances.models import Reschedule
+from slotkeeper import outbox
 
 
 def tick(now: datetime) -> None:
@@ -32,7 +33,9 @@ def sweep(now: datetime):
 
 
 def retain(now: datetime) -> retention.Pruned:
-    """Placement reports past their retention deleted, a bounded amount a call (retention.py)."""
+    """Placement reports past their retention deleted, a bounded amount a call (retention.py), and the event feed's
+    events past theirs (slotkeeper/outbox.py)."""
+    outbox.prune(now)
     return retention.prune_reports(now)
 
 

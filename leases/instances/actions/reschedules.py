@@ -23,12 +23,12 @@ from django.db.models import Max, Q
 from django.utils import timezone
 
 from leases import store
-from leases.instance_rows import LIVE, placed_instance
+from leases.instance_rows import LIVE, placed_event, placed_instance
 from leases.instances.models import Reschedule, RescheduleStatus
 from leases.instances.placing import BLOCKERS, FleetView, decide_move, move_request, vnode_need
 from leases.lifecycle import TERMINAL_LEASE_STATES, InstanceState, LeaseState, can_instance
 from leases.models import Instance, InstanceEvent, Reservation
-from slotkeeper import audit, events, metrics
+from slotkeeper import audit, events, metrics, outbox
 from slotkeeper.bulk import Row, insert_many, update_many
 from slotkeeper.domain import DomainError, NotFound, StaleVersion
 
@@ -278,6 +278,24 @@ class _Batch:
         for inst, event in self.history:
             event.instance_id = inst.pk
         insert_many([event for _, event in self.history], model=InstanceEvent)
+        # The feed's rows for the same steps: each new instance placed, each old one rescheduled or stopping.
+        outbox.append_many(
+            placed_event(inst, self.now)
+            if event.to_state == InstanceState.PLACED
+            else outbox.event(
+                f"instance.{event.to_state}", self.now, lease=inst.lease_id, instance=inst.iid, node=inst.node_id,
+                data={"from": event.from_state, "to": event.to_state, "reason": event.reason},
+            )
+            for inst, event in self.history
+        )  # fmt: skip
+        for proposal, inst in self.new_instances:
+            if proposal is not None:
+                old = proposal.instance
+                outbox.append(
+                    "lease.moved", self.now, lease=inst.lease_id, instance=inst.iid, node=inst.node_id,
+                    data={"from_instance": old.iid, "from_node": old.node_id, "reason": proposal.cause,
+                          "message": proposal.message},
+                )  # fmt: skip
         if self.old_instances:
             update_many(self.old_instances, ["state", "state_changed_at", "desired_state"])
         if self.proposals:
