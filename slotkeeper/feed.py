@@ -79,7 +79,7 @@ class EventStreamRenderer(BaseRenderer):
     a stream of its own."""
 
     media_type = "text/event-stream"
-    format = None  # chosen by the Accept header only, never by `?format=`
+    format = "event-stream"  # the stream itself is chosen by the Accept header; anything else is JSON
     charset = "utf-8"
 
     def render(self, data, accepted_media_type=None, renderer_context=None):
