@@ -65,6 +65,45 @@ def with_embedded_loop(app):
             shutdown.watch_daphne()
             if settings.EMBEDDED_LOOP:
                 asyncio.get_running_loop().create_task(loop_forever(settings.EMBEDDED_LOOP_INTERVAL_S))
-        return await app(scope, receive, send)
+        if scope["type"] != "http":
+            return await app(scope, receive, send)
+        if shutdown.begun():
+            # Draining (SIGTERM): a request that arrives now, on a connection kept alive, is refused before it does
+            # anything, and its connection closed, so the client sends it again to another server.
+            return await _refuse_while_stopping(send)
+        # Counted while in flight: a SIGTERM answers these before the server stops (shutdown.drain), and each
+        # answer closes its connection once shutdown has begun.
+        shutdown.request_began()
+        try:
+            return await app(scope, receive, _closing(send))
+        finally:
+            shutdown.request_ended()
 
     return wrapper
+
+
+def _closing(send):
+    async def wrapped(message):
+        if message["type"] == "http.response.start" and shutdown.begun():
+            headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"connection"]
+            message = {**message, "headers": [*headers, (b"connection", b"close")]}
+        await send(message)
+
+    return wrapped
+
+
+async def _refuse_while_stopping(send) -> None:
+    body = b'{"detail": "the server is stopping; send the request again"}'
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 503,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"retry-after", b"1"),
+                (b"connection", b"close"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

@@ -25,7 +25,7 @@ from rest_framework.renderers import BaseRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from slotkeeper import outbox
+from slotkeeper import outbox, shutdown
 from slotkeeper.auth import IsViewer
 from slotkeeper.fields import IdQueryField
 from slotkeeper.models import Event
@@ -223,6 +223,8 @@ async def _stream(after: int, limit: int, filters: dict[str, Any]) -> AsyncItera
         after = last
         if len(page) == limit:
             continue
+        if shutdown.begun():
+            return  # the server is draining (SIGTERM): the client reconnects elsewhere with Last-Event-ID
         if time.monotonic() - quiet_since >= HEARTBEAT_S:
             yield f": still here, at {after}\n\n".encode()
             quiet_since = time.monotonic()

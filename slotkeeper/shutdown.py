@@ -16,6 +16,7 @@ import contextlib
 import faulthandler
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -74,15 +75,68 @@ def _exit_after(deadline_s: float) -> None:
 
 
 def watch_daphne() -> None:
-    """Begins shutdown the moment Daphne's reactor starts stopping (SIGTERM, SIGINT): before Daphne cancels its
-    application instances and stops the loop, so no request thread queues a broadcast on a loop that is about to
-    stop. Call it from code running under Daphne (the first request); elsewhere (tests, Celery) it does nothing."""
+    """Under Daphne: SIGTERM drains the server before it stops (`drain`), and shutdown begins the moment the
+    reactor starts stopping (SIGINT, or the drain's end): before Daphne cancels its application instances and stops
+    the loop, so no request thread queues a broadcast on a loop that is about to stop. Call it from code running
+    under Daphne, on its loop (the first request); elsewhere (tests, Celery) it does nothing."""
     global _watching_daphne
     reactor = sys.modules.get("twisted.internet.reactor")
     if _watching_daphne or reactor is None or not getattr(reactor, "running", False):
         return
     _watching_daphne = True
     reactor.addSystemEventTrigger("before", "shutdown", begin, "the server is stopping")
+    if threading.current_thread() is threading.main_thread():
+        # In place of Twisted's own SIGTERM handler, which stops the reactor at once: the requests in flight then
+        # lost their answers though their writes had committed, and a client that retried made a second lease.
+        signal.signal(signal.SIGTERM, lambda *_: reactor.callFromThread(drain, reactor))
+
+
+# How long a SIGTERM waits for the requests in flight to be answered before the reactor stops anyway: inside
+# EXIT_DEADLINE_S, which is counted from the same SIGTERM.
+DRAIN_S = 6.0
+_in_flight = 0
+_in_flight_lock = threading.Lock()
+
+
+def request_began() -> None:
+    global _in_flight
+    with _in_flight_lock:
+        _in_flight += 1
+
+
+def request_ended() -> None:
+    global _in_flight
+    with _in_flight_lock:
+        _in_flight -= 1
+
+
+def in_flight() -> int:
+    return _in_flight
+
+
+def drain(reactor, *, within_s: float = DRAIN_S) -> None:
+    """SIGTERM under Daphne, on the reactor's thread: stop accepting connections (a client is refused at once and
+    goes to another server), answer every HTTP request already in flight, then stop the reactor, which closes
+    the idle connections and the websockets (consoles reconnect elsewhere). A request that has not finished by
+    `within_s` loses its answer as before; every write is one transaction, so it committed or did not."""
+    from twisted.internet import tcp
+
+    if begun():
+        return
+    begin("SIGTERM: draining the requests in flight")  # the exit deadline counts from here
+    for reader in list(reactor.getReaders()):
+        if isinstance(reader, tcp.Port):
+            reader.stopListening()
+    deadline = time.monotonic() + within_s
+
+    def check() -> None:
+        if in_flight() <= 0 or time.monotonic() >= deadline:
+            log.info("drained: stopping", extra={"in_flight": in_flight()})
+            reactor.stop()
+        else:
+            reactor.callLater(0.02, check)
+
+    check()
 
 
 # The timeouts every Daphne of the project runs with (deploy/, `manage.py demo`, the e2e harness, the browser
