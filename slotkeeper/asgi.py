@@ -9,10 +9,11 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "slotkeeper.settings")
 django.setup(set_prefix=False)  # what get_asgi_application() does before building its handler
 
 from slotkeeper.handler import OneHopASGIHandler  # noqa: E402
-from slotkeeper.serving import keep_post_bodies_raw  # noqa: E402
+from slotkeeper.serving import answer_lines_too_long, keep_post_bodies_raw  # noqa: E402
 
 # Daphne hands POST bodies to Django as they came, unparsed by Twisted on the event loop (slotkeeper/serving.py).
 keep_post_bodies_raw()
+answer_lines_too_long()
 
 # Daphne serves the console's few static files itself (with DEBUG off too), so a deployment needs no separate
 # file server; a CDN or nginx in front may still cache /static/.

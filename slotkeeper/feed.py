@@ -148,7 +148,7 @@ class EventFeedView(APIView):
             FeedQuerySerializer,
             OpenApiParameter(
                 "Last-Event-ID",
-                int,
+                {"type": "string", "pattern": "^[0-9]{1,18}$"},
                 OpenApiParameter.HEADER,
                 description="Resume after this seq (as `after`, which it overrides): what an event stream's client "
                 "sends when it reconnects.",

@@ -38,10 +38,15 @@ class BoundedJSONParser(JSONParser):
         raw = stream.read(limit + 1) if stream is not None else b""
         if len(raw) > limit:
             raise RequestTooLarge(f"The request body is larger than {limit} bytes.")
-        encoding = (parser_context or {}).get("encoding", settings.DEFAULT_CHARSET)
+        charset = _charset(media_type)
+        if charset is not None and charset.replace("-", "").replace("_", "") != "utf8":
+            # The docs say UTF-8; a UTF-16 or Latin-1 body was read all the same, and the schema never said so.
+            raise exceptions.ParseError(f"JSON parse error - the body must be UTF-8, not {charset}.")
         try:
             data = json.loads(
-                raw.decode(encoding), parse_constant=json.strict_constant if self.strict else None
+                raw.decode("utf-8"),
+                parse_constant=json.strict_constant if self.strict else None,
+                object_pairs_hook=_refuse_repeated_keys,
             )
         except RecursionError:
             raise exceptions.ParseError(
@@ -52,3 +57,23 @@ class BoundedJSONParser(JSONParser):
         if depth_of(data) > MAX_DEPTH:
             raise exceptions.ParseError(f"JSON parse error - nested deeper than {MAX_DEPTH} levels.")
         return data
+
+
+def _charset(media_type: str | None) -> str | None:
+    """The `charset` parameter of a Content-Type, lower-cased, or None."""
+    for part in (media_type or "").split(";")[1:]:
+        name, _, value = part.strip().partition("=")
+        if name.strip().lower() == "charset":
+            return value.strip().strip('"').lower()
+    return None
+
+
+def _refuse_repeated_keys(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object with one key twice is refused: read last-wins, `{"type": "immediate", "type": "best_effort"}`
+    was a best-effort lease, whatever the client (or a proxy that rewrote it) meant."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        twice = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise ValueError(f"the key {twice!r} appears twice in one object")
+    return out

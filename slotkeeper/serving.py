@@ -26,3 +26,27 @@ class RawBodyRequest(http_protocol.WebRequest):
 def keep_post_bodies_raw() -> None:
     """Makes Daphne build every HTTP request as a RawBodyRequest (its factory looks the class up per connection)."""
     http_protocol.WebRequest = RawBodyRequest  # type: ignore[misc]
+
+
+def _line_too_long(channel, line) -> None:
+    """Twisted's HTTP channel, given a line longer than its MAX_LENGTH (16 KiB), closed the connection without a
+    word: a client with a long URL never learnt why. It answers 414 for the request line, 431 for a header line,
+    and then closes the connection, as HTTP asks."""
+    first = getattr(channel, "_HTTPChannel__first_line", True)
+    status = b"414 URI Too Long" if first else b"431 Request Header Fields Too Large"
+    detail = b"the request line" if first else b"a header line"
+    body = b'{"detail": "' + detail + b' is longer than the server reads (16 KiB)."}'
+    channel.transport.write(
+        b"HTTP/1.1 " + status + b"\r\nContent-Type: application/json\r\nConnection: close\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
+    channel.transport.loseConnection()
+
+
+def answer_lines_too_long() -> None:
+    """Makes every HTTP channel answer a line too long (see `_line_too_long`) instead of hanging up on it. Checked
+    against Twisted 25.5: HTTPChannel is a LineReceiver whose `lineLengthExceeded` only closed the connection, and
+    which marks its first line in `_HTTPChannel__first_line` (tests/test_serving.py holds both)."""
+    from twisted.web import http
+
+    http.HTTPChannel.lineLengthExceeded = _line_too_long  # type: ignore[method-assign]

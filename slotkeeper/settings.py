@@ -346,6 +346,7 @@ SPECTACULAR_SETTINGS = {
         "drf_spectacular.hooks.postprocess_schema_enums",
         "slotkeeper.schema.document_error_responses",
         "slotkeeper.schema.integer_path_ids",
+        "slotkeeper.schema.strings_as_read",
     ],
     "ENUM_NAME_OVERRIDES": {
         "NodeStatusEnum": "fleet.models.NodeStatus",

@@ -111,3 +111,36 @@ def test_the_application_loads_every_view_before_it_serves_and_freezes_them(tmp_
     loaded, walked = done.stdout.split("\n")[:2]
     assert loaded == "True True True"
     assert walked == "False"  # built at start-up, so frozen out of the collector's walks
+
+
+def _raw(daphne: str, request: bytes) -> bytes:
+    host, port = daphne.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(request)
+        out = b""
+        while chunk := conn.recv(65536):
+            out += chunk
+    return out
+
+
+def test_a_request_line_over_16_kib_is_answered_414_not_hung_up_on(daphne):
+    answer = _raw(daphne, b"GET /api/leases/?q=" + b"x" * 20_000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 414 "), answer[:200]
+    assert b"request line" in answer
+
+
+def test_a_header_line_over_16_kib_is_answered_431(daphne):
+    answer = _raw(
+        daphne, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"y" * 20_000 + b"\r\n\r\n"
+    )
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+
+
+def test_twisted_still_has_what_the_long_line_answer_relies_on():
+    """The answer to a line too long replaces HTTPChannel.lineLengthExceeded and reads its first-line mark: a
+    Twisted that renames either would silently go back to hanging up."""
+    from twisted.web import http
+
+    channel = http.HTTPChannel()
+    assert hasattr(channel, "_HTTPChannel__first_line")
+    assert channel.MAX_LENGTH == 16384

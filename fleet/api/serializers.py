@@ -205,7 +205,7 @@ class InstanceReportSerializer(StrictSerializer):
                 "type": "object",
                 "required": ["id"],
                 "properties": {
-                    "id": {"type": "string", "maxLength": 100},
+                    "id": {"type": "string", "minLength": 1, "maxLength": 100},
                     "status": {
                         "type": "string",
                         "enum": ["starting", "running", "exited", "failed", "stopped", "unhealthy"],

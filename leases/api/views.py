@@ -144,8 +144,8 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
                 "Prefer",
                 str,
                 OpenApiParameter.HEADER,
-                enum=["return=minimal", "return=representation"],
-                description="`return=minimal`: each result leaves out its verdicts' summary and counts.",
+                description="`return=minimal`: each result leaves out its verdicts' summary and counts; any other "
+                "preference is ignored (RFC 7240).",
             )
         ],
         responses={

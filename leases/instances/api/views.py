@@ -30,6 +30,7 @@ from slotkeeper.fields import (
     StrictIntegerField,
     is_id,
 )
+from slotkeeper.schema import NOT_BLANK
 from slotkeeper.serializers import StrictModelSerializer, StrictSerializer
 
 
@@ -175,6 +176,36 @@ class ApproveManySerializer(StrictSerializer):
         return attrs
 
 
+# The body as the schema states it: exactly one of `ids` (at least one) or `group`, as `validate` requires.
+APPROVE_MANY_SCHEMA = {
+    "oneOf": [
+        {
+            "type": "object",
+            "properties": {
+                "ids": {
+                    "type": "array",
+                    "items": {"type": "integer", "minimum": 1, "maximum": INT64_MAX},
+                    "minItems": 1,
+                    "maxItems": 10_000,
+                }
+            },
+            "required": ["ids"],
+            "additionalProperties": False,
+        },
+        {
+            "type": "object",
+            "properties": {
+                "group": {"type": "string", "minLength": 1, "maxLength": 100, "pattern": NOT_BLANK}
+            },
+            "required": ["group"],
+            "additionalProperties": False,
+        },
+    ],
+    "description": "Exactly one of `ids` (the proposals, in the order they are approved) or `group` (every pending "
+    "proposal of the group's members).",
+}
+
+
 class ApprovalResultSerializer(serializers.Serializer):
     id = serializers.IntegerField()
     ok = serializers.BooleanField()
@@ -233,7 +264,7 @@ class RescheduleViewSet(viewsets.ReadOnlyModelViewSet):
 
     @extend_schema(
         operation_id="reschedules_approve_many",
-        request=ApproveManySerializer,
+        request={"application/json": APPROVE_MANY_SCHEMA},
         responses={200: ApprovalResultsSerializer, 404: OpenApiResponse(description="no such group")},
     )
     @action(detail=False, methods=["post"], url_path="approve")
@@ -285,6 +316,9 @@ class GroupSerializer(StrictModelSerializer):
         model = Group
         fields = ["id", "name", "policy", "hard", "max_per_node", "leases", "created_at"]
         read_only_fields = ["id", "created_at"]
+        # A name taken already is a conflict with what exists (409, from the action), as a node's name is: the
+        # serializer's own uniqueness check made it a 400, which the schema could not say.
+        extra_kwargs = {"name": {"validators": []}}
 
     def to_internal_value(self, data):
         # Checked before the field looks each id up: one query per id, so the length is bounded first.
