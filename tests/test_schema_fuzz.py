@@ -172,10 +172,10 @@ def within_rules_the_schema_cannot_state(label: str, case) -> None:
         if isinstance(spec, dict) and isinstance(spec.get("env"), dict):
             # A variable's name is letters, digits and '_' (OpenAPI 3.0 has no `propertyNames` to say so).
             spec["env"] = {k: v for k, v in spec["env"].items() if ENV_NAME_RE.fullmatch(k)}
-        if isinstance(spec, dict) and isinstance(spec.get("command"), list) and spec["command"]:
-            # The program (the first item) is not blank; the arguments after it may be (no `prefixItems` in 3.0).
-            if not str(spec["command"][0]).strip():
-                spec["command"][0] = "true"
+        command = spec.get("command") if isinstance(spec, dict) else None
+        # The program (the first item) is not blank; the arguments after it may be (no `prefixItems` in 3.0).
+        if isinstance(command, list) and command and not str(command[0]).strip():
+            command[0] = "true"
     elif label in ("POST /api/placement/preview", "POST /api/nodes/{id}/drain/") and body is not None:
         for name in ("start", "deadline"):
             if body.get(name) is not None:
