@@ -75,6 +75,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_heartbeats import (  # noqa: E402
+    CONTENT_LENGTH,
     HEALTHZ,
     PG_SERVER,
     bench_env,
@@ -611,6 +612,66 @@ async def http_burst(
     return burst
 
 
+ARRAY = 1000  # the batch endpoint's most items a request
+
+
+def batch_request(asks: list[Ask], token: str) -> bytes:
+    from django.utils import timezone
+
+    now = timezone.now()
+    body = json.dumps({"leases": [ask.body(now) for ask in asks]}).encode()
+    return (
+        f"POST /api/leases/batch HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n"
+        f"Prefer: return=minimal\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+async def exchange_json(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes) -> tuple:
+    """One request on a keep-alive connection; its status and its JSON body."""
+    writer.write(request)
+    head = await reader.readuntil(b"\r\n\r\n")
+    body = b""
+    if b"transfer-encoding: chunked" in head.lower():
+        while size := int((await reader.readline()).strip(), 16):
+            body += (await reader.readexactly(size + 2))[:-2]
+        await reader.readexactly(2)
+    elif m := CONTENT_LENGTH.search(head):
+        body = await reader.readexactly(int(m.group(1)))
+    return int(head[9:12]), json.loads(body) if body else None
+
+
+async def http_arrays(ports: list[int], asks: list[Ask], token: str, connections: int) -> Burst:
+    """The same leases as lease arrays of ARRAY items (`POST /api/leases/batch`), every array queued at once on
+    up to `connections` keep-alive connections; every item's own status is counted, and a latency is an array's."""
+    burst = Burst()
+    pending = [asks[i : i + ARRAY] for i in range(0, len(asks), ARRAY)][::-1]
+    count = min(connections, len(pending))
+
+    async def connection(k: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", ports[k % len(ports)])
+        while pending:
+            chunk = pending.pop()
+            t = time.perf_counter()
+            status, answer = await exchange_json(reader, writer, batch_request(chunk, token))
+            burst.latencies.append(time.perf_counter() - t)
+            if status != 200:
+                burst.answers[f"array HTTP {status}"] += len(chunk)
+                continue
+            results = answer["results"]
+            if len(results) != len(chunk):
+                burst.answers["items unanswered"] += len(chunk) - len(results)
+            for item in results:
+                burst.answers[
+                    {201: "accepted", 409: "rejected"}.get(item["status"], f"item {item['status']}")
+                ] += 1
+        writer.close()
+
+    started = time.perf_counter()
+    await asyncio.gather(*(connection(k) for k in range(count)))
+    burst.elapsed = time.perf_counter() - started
+    return burst
+
+
 def plan_version() -> int:
     from leases.models import SchedulerState
 
@@ -635,7 +696,13 @@ def scraped(port: int) -> dict[str, float]:
 
 
 def over_http(
-    database_url: str, asks: list[Ask], token: str, processes: int, connections: int, minimal: bool = False
+    database_url: str,
+    asks: list[Ask],
+    token: str,
+    processes: int,
+    connections: int,
+    minimal: bool = False,
+    arrays: bool = False,
 ) -> Burst:
     import psutil
 
@@ -652,7 +719,10 @@ def over_http(
         cpu, version = sum(sum(p.cpu_times()[:2]) for p in procs), plan_version()
         meter.start()
         counted = [scraped(port) for port in ports]
-        burst = asyncio.run(http_burst(ports, asks, token, connections, minimal))
+        if arrays:
+            burst = asyncio.run(http_arrays(ports, asks, token, connections))
+        else:
+            burst = asyncio.run(http_burst(ports, asks, token, connections, minimal))
         burst.split = meter.stop(len(asks))
         after = [scraped(port) for port in ports]
         spent = {
@@ -785,7 +855,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--only",
-        choices=["in-process", "threads", "http", "stored", "batched"],
+        choices=["in-process", "threads", "http", "arrays", "stored", "batched"],
         default=None,
         help="run one variant (threads: only in-process x W x T)",
     )
@@ -859,6 +929,21 @@ def main() -> None:
             )
             for minimal in (False, True)
         ]
+    if args.only == "arrays":
+        # Issue 47's comparison: the same leases one per request over the connections, then as arrays.
+        variants.append(
+            (
+                f"http x{args.workers} single",
+                lambda: over_http(url, asks, token, args.workers, args.connections, True),
+            )
+        )
+    if args.only in (None, "http", "arrays"):
+        variants.append(
+            (
+                f"http x{args.workers} arrays of {ARRAY:,}",
+                lambda: over_http(url, asks, token, args.workers, args.connections, arrays=True),
+            )
+        )
     if args.only in (None, "stored"):
         variants.append(("stored", lambda: stored_ceiling(asks)))
     if args.batched:
