@@ -6,6 +6,7 @@ instances package's (leases/instances/), which composes the whole periodic step 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -17,12 +18,12 @@ from django.utils import timezone
 
 from fleet import wording
 from fleet.models import PlacementReport, SweepState
-from leases import forecasting, reads, store, vnodes
+from leases import forecasting, negotiating, reads, store, vnodes
 from leases.alerts import raise_alert, resolve_open
 from leases.lifecycle import IllegalTransition, LeaseState
-from leases.models import Alert, Group, Lease, SchedulerState
-from leases.scheduler import Decision, LeaseRequest
-from slotkeeper import audit, bulk, events, metrics, planwake, statements
+from leases.models import Alert, Group, Lease, LeaseEvent, SchedulerState
+from leases.scheduler import Decision, EndChange, LeaseRequest
+from slotkeeper import audit, bulk, events, metrics, outbox, planwake, statements
 from slotkeeper.audit import actor_label
 from slotkeeper.domain import DomainError, KeyReused
 
@@ -313,6 +314,12 @@ def do_preview(actor, data: dict, *, now: datetime) -> tuple[dict, PlacementRepo
             capabilities=frozenset(data["capabilities"]),
         )
         trial = plan.scheduler.decide(probe, plan.t, plan.excluded)
+        # A window with no room: when it could be had, and who is in the way (issue 48's counter-offers).
+        offered = (
+            negotiating.offers(plan, probe)
+            if start_at is not None and trial.outcome in negotiating.NEGOTIABLE
+            else {}
+        )
         picked = trial.nodes
         names = plan.names
         report = store.report_row(
@@ -362,9 +369,106 @@ def do_preview(actor, data: dict, *, now: datetime) -> tuple[dict, PlacementRepo
         "preempts": list(trial.preempt),
         "report": report.pk,
         "summary": report.summary,
+        **offered,
         "verdicts": report.rows,  # decoded once: a 1,000-node report's sentences are most of reading it
     }
     return body, report
+
+
+@dataclass
+class EndChanged:
+    """What `do_change_end` did (or, for a dry run, would do), in the API's words."""
+
+    change: EndChange
+    lease: Lease
+    names: dict[int, str]
+    dry_run: bool
+
+    def answer(self) -> dict:
+        c = self.change
+        out: dict = {
+            "lease": self.lease.pk,
+            "dry_run": self.dry_run,
+            "from_end": None if math.isnan(c.old_end) else store.from_epoch(c.old_end),
+            "end": None if math.isnan(c.new_end) else store.from_epoch(c.new_end),
+            "message": c.message,
+            "replanned": list(c.replanned),
+        }
+        if not c.ok:
+            out["detail"] = c.message
+            labels = dict(Lease.objects.filter(pk__in=c.blocking).values_list("pk", "name"))
+            out["code"] = c.code
+            out["blocking"] = [{"id": i, "name": labels.get(i, "")} for i in c.blocking]
+            out["latest_end"] = store.from_epoch(c.latest_end) if c.latest_end is not None else None
+            out["verdicts"] = [
+                {
+                    "node": self.names.get(n, str(n)),
+                    "fits": not why,
+                    "reason": why or "free over the extension",
+                }
+                for n, why in c.verdicts.items()
+            ]
+        return out
+
+
+def do_change_end(
+    actor,
+    lease_id: int,
+    *,
+    now: datetime,
+    end: datetime | None = None,
+    by_s: float | None = None,
+    dry_run: bool = False,
+    reason: str = "",
+) -> EndChanged:
+    """Extend or shorten a placed lease (issue 48): its current plan's end moves to `end`, or by `by_s` seconds,
+    where its own nodes hold it (leases/scheduling/changing.py). A dry run asks the scheduler as the last pass
+    left it and changes nothing. Done: the lease's duration, history, audit and event feed say so. Refused for its
+    state, for an end before its start or now (what the lease is now, not the request's form), or for want of
+    room: answered, not done (`change.ok` false, `change.code` says which)."""
+    lease = reads.get_lease(lease_id)
+    opened = store.consulting(now) if dry_run else store.planning(now)
+    with opened as plan:
+        rec = plan.scheduler.leases.get(lease.pk)
+        vm = rec.current_vm() if rec is not None else None
+        if vm is None:
+            target = store.to_epoch(end) if end is not None else math.nan
+        else:
+            target = store.to_epoch(end) if end is not None else vm.end + float(by_s or 0)
+        if rec is None:  # ended, cancelled, rejected: no longer the scheduler's
+            change = EndChange(
+                False, lease.pk, math.nan, target, code="not_changeable",
+                message=f"lease {lease.pk} is {lease.state}: only a placed or running lease's end can be changed",
+            )  # fmt: skip
+        else:
+            change = plan.scheduler.change_end(lease.pk, target, plan.t, dry_run=dry_run)
+        names = dict(plan.names)
+        if change.ok and not dry_run and change.new_end != change.old_end:
+            longer = change.new_end > change.old_end
+            said = change.message + (
+                f" ({audit.actor_label(actor)}: {reason})" if reason else f" ({audit.actor_label(actor)})"
+            )
+            plan.messages[lease.pk] = plan.scheduler.describe(lease.pk)[:2000]
+            delta = change.new_end - change.old_end
+            Lease.objects.filter(pk=lease.pk).update(duration_s=F("duration_s") + delta)
+            LeaseEvent.objects.create(
+                lease=lease, at=now, from_state=lease.state, to_state=lease.state, message=said[:2000]
+            )
+            audit.record(
+                at=now, actor=actor, action="lease.extend" if longer else "lease.shorten", target=lease,
+                reason=reason, details={"from_end": store.from_epoch(change.old_end).isoformat(),
+                                        "end": store.from_epoch(change.new_end).isoformat(),
+                                        "replanned": list(change.replanned)},
+            )  # fmt: skip
+            outbox.append(
+                "lease.extended" if longer else "lease.shortened", now, lease=lease.pk,
+                data={"from_end": store.from_epoch(change.old_end).isoformat(),
+                      "end": store.from_epoch(change.new_end).isoformat(), "reason": reason,
+                      "replanned": list(change.replanned)},
+            )  # fmt: skip
+            events.send_on_commit("lease-changed", lease=lease.pk)
+    lease.refresh_from_db()
+    return EndChanged(change, lease, names, dry_run)
 
 
 def do_cancel_lease(actor, lease_id: int, *, now: datetime, reason: str = "") -> Lease:

@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from leases.lifecycle import LeaseState, lease_transition
-from leases.scheduling.deciding import Deciding
+from leases.scheduling.changing import Changing, EndChange
 from leases.scheduling.forecast import Estimate, Snapshot, forecast, snapshot
 from leases.scheduling.records import (
     ACTIVE,
@@ -60,6 +60,7 @@ __all__ = [
     "VM",
     "Change",
     "Decision",
+    "EndChange",
     "Estimate",
     "LeaseRecord",
     "LeaseRequest",
@@ -76,10 +77,10 @@ _S = LeaseState
 LASTING_EXCLUSIONS = frozenset({"draining", "dead"})
 
 
-class Scheduler(Deciding):
+class Scheduler(Changing):
     """The public face: submit, cancel, advance, restore, decide. The layers below it, each a class of its own
     module: PlanBook (state and changes) <- Mapper <- Backfilling <- Preemption <- EventLoop <- Explaining <-
-    Deciding <- Scheduler."""
+    Deciding <- Changing <- Scheduler."""
 
     def submit(
         self, req: LeaseRequest, now: float, excluded: Mapping[int, str] | None = None, *, defer: bool = False

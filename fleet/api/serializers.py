@@ -389,6 +389,19 @@ class VerdictSerializer(serializers.Serializer):
     numbers = serializers.DictField(required=False)
 
 
+class AlternativeSerializer(serializers.Serializer):
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField()
+    nodes = serializers.ListField(
+        child=serializers.CharField(), help_text="The nodes it would run on, by name."
+    )
+
+
+class BlockingLeaseSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+
+
 class PlacementResultSerializer(serializers.Serializer):
     outcome = serializers.ChoiceField(
         choices=["placed", "no_capable_node", "fleet_at_capacity", "fleet_unreadable"]
@@ -405,6 +418,17 @@ class PlacementResultSerializer(serializers.Serializer):
     report = serializers.IntegerField(help_text="Id of the stored placement report.")
     summary = serializers.CharField(
         required=False, help_text="What the fleet holds of the request, in one line."
+    )
+    alternatives = AlternativeSerializer(
+        many=True,
+        required=False,
+        help_text="A window (`start` given) with no room: up to three earliest windows of the same duration, at or "
+        "after it, in which the whole request would be placed now.",
+    )
+    blocking = BlockingLeaseSerializer(
+        many=True,
+        required=False,
+        help_text="A window with no room: the leases in the way that it may not preempt.",
     )
     verdicts = VerdictSerializer(many=True)
 

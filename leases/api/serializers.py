@@ -12,7 +12,14 @@ from django.utils import timezone
 from rest_framework import serializers
 
 from fleet import nodestate
-from fleet.api.serializers import MAX_CPU_CORES, MAX_DISK_GIB, MAX_MEM_MIB, VerdictSerializer
+from fleet.api.serializers import (
+    MAX_CPU_CORES,
+    MAX_DISK_GIB,
+    MAX_MEM_MIB,
+    AlternativeSerializer,
+    BlockingLeaseSerializer,
+    VerdictSerializer,
+)
 from fleet.live_shapes import FIGURES, live_shapes
 from fleet.models import Node, PlacementReport
 from leases.actions import Idempotency
@@ -406,6 +413,19 @@ class LeaseRejectedSerializer(serializers.Serializer):
     )
     lease = serializers.IntegerField()
     state = serializers.CharField()
+    alternatives = AlternativeSerializer(
+        many=True,
+        required=False,
+        help_text="An advance reservation with no room: up to three earliest windows of the same duration, at or "
+        "after the asked start, in which the whole lease would be placed now (earliest first); resubmit with one "
+        "`start` to take it.",
+    )
+    blocking = BlockingLeaseSerializer(
+        many=True,
+        required=False,
+        help_text="An advance reservation with no room: the leases whose reservations stand in the asked window on "
+        "the nodes that could take it and that it may not preempt (the largest share of the window first).",
+    )
     verdicts = VerdictSerializer(many=True, required=False, help_text="Every node's verdict.")
     report = ReportSummarySerializer(
         required=False, help_text="With Prefer: return=minimal, instead of verdicts."
@@ -552,6 +572,65 @@ class LeaseMinimalSerializer(LeaseSerializer):
 
 class CancelSerializer(StrictSerializer):
     reason = serializers.CharField(max_length=300, required=False, allow_blank=True, default="")
+
+
+class ExtendSerializer(StrictSerializer):
+    """`end` or `by_s`, exactly one (issue 48)."""
+
+    end = BoundedDateTimeField(required=False, help_text="The new end of the lease's current plan.")
+    by_s = StrictFloatField(
+        required=False,
+        min_value=-MAX_DURATION_S,
+        max_value=MAX_DURATION_S,
+        help_text="Seconds to move the end by: positive extends, negative shortens.",
+    )
+    reason = serializers.CharField(max_length=300, required=False, allow_blank=True, default="")
+
+    def validate(self, attrs):
+        if ("end" in attrs) == ("by_s" in attrs):
+            raise serializers.ValidationError({"end": ["Give either 'end' or 'by_s'."]})
+        return attrs
+
+
+class DryRunSerializer(serializers.Serializer):
+    dry_run = serializers.BooleanField(required=False, default=False)
+
+
+class EndVerdictSerializer(serializers.Serializer):
+    node = serializers.CharField()
+    fits = serializers.BooleanField()
+    reason = serializers.CharField()
+
+
+class ExtendAnswerSerializer(serializers.Serializer):
+    lease = serializers.IntegerField()
+    dry_run = serializers.BooleanField()
+    from_end = serializers.DateTimeField(
+        allow_null=True, help_text="The end before the change (null: the lease has no plan to change)."
+    )
+    end = serializers.DateTimeField(
+        allow_null=True, help_text="The end asked for (and, when done, the lease's end)."
+    )
+    message = serializers.CharField()
+    detail = serializers.CharField(required=False, help_text="Why not (409), as `message`.")
+    replanned = serializers.ListField(
+        child=serializers.IntegerField(),
+        help_text="Best-effort leases whose future plans make way, planned again after it.",
+    )
+    code = serializers.ChoiceField(
+        choices=["blocked", "too_early", "not_changeable"],
+        required=False,
+        help_text="Why not (409): blocked (its nodes are booked by leases it may not move: `blocking`, "
+        "`latest_end`), too_early (the end asked is before its start or now), not_changeable (not placed or "
+        "running).",
+    )
+    blocking = BlockingLeaseSerializer(many=True, required=False)
+    latest_end = serializers.DateTimeField(
+        required=False,
+        allow_null=True,
+        help_text="The latest end that fits now (null: not even the current one).",
+    )
+    verdicts = EndVerdictSerializer(many=True, required=False)
 
 
 class SlotWindowSerializer(serializers.Serializer):

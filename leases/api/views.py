@@ -16,14 +16,40 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from leases import actions, reads
+from leases import actions, negotiating, reads
 from leases.api import serializers as s
 from leases.lifecycle import LeaseState
 from leases.models import Lease, Reservation
+from leases.request_rules import MAX_DURATION_S
 from slotkeeper.api import minimal_applied, prefers_minimal
 from slotkeeper.auth import IsOperator, IsViewer
 from slotkeeper.domain import NotFound
-from slotkeeper.fields import ID_PATH, is_id
+from slotkeeper.fields import DATE_TIME_SCHEMA, ID_PATH, is_id
+from slotkeeper.schema import NO_NUL
+
+# The extension's body as the schema states it: exactly one of `end` or `by_s`, as ExtendSerializer requires.
+_REASON = {"type": "string", "maxLength": 300, "pattern": NO_NUL}
+EXTEND_SCHEMA = {
+    "oneOf": [
+        {
+            "type": "object",
+            "properties": {"end": DATE_TIME_SCHEMA, "reason": _REASON},
+            "required": ["end"],
+            "additionalProperties": False,
+        },
+        {
+            "type": "object",
+            "properties": {
+                "by_s": {"type": "number", "minimum": -MAX_DURATION_S, "maximum": MAX_DURATION_S},
+                "reason": _REASON,
+            },
+            "required": ["by_s"],
+            "additionalProperties": False,
+        },
+    ],
+    "description": "Exactly one of `end` (the new end of the lease's current plan) or `by_s` (seconds to move it "
+    "by: positive extends, negative shortens), and an optional `reason` for its history and audit.",
+}
 
 
 class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
@@ -34,7 +60,7 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
         return s.LeaseDetailSerializer if self.action == "retrieve" else s.LeaseSerializer
 
     def get_permissions(self):
-        return [IsOperator()] if self.action in {"create", "cancel", "batch"} else [IsViewer()]
+        return [IsOperator()] if self.action in {"create", "cancel", "batch", "extend"} else [IsViewer()]
 
     def retrieve(self, request, *args, **kwargs):
         return Response(s.plain(s.LeaseDetailSerializer, self.get_object()))
@@ -121,6 +147,9 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
                 "lease": result.lease.pk,
                 "state": result.lease.state,
             }
+            if not failed and result.decision.code in negotiating.NEGOTIABLE:
+                # An advance reservation that did not fit: when it could, and who is in the way (issue 48).
+                body.update(negotiating.counter_offers(result.lease, timezone.now()) or {})
             if minimal:
                 body["report"] = s.plain(s.ReportSummarySerializer, result.report)
             else:
@@ -199,6 +228,47 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
             request.user, lease.pk, now=timezone.now(), reason=ser.validated_data["reason"]
         )
         return Response(s.plain(s.LeaseDetailSerializer, lease))
+
+    @extend_schema(
+        request={"application/json": EXTEND_SCHEMA},
+        parameters=[
+            OpenApiParameter(
+                "dry_run",
+                bool,
+                OpenApiParameter.QUERY,
+                description="`true`: answer what would happen and change nothing.",
+            )
+        ],
+        responses={
+            200: s.ExtendAnswerSerializer,
+            409: OpenApiResponse(
+                response=s.ExtendAnswerSerializer,
+                description="`code` blocked: its nodes are booked over the extension by leases it may not move "
+                "(`blocking`); `latest_end` is the latest end that fits now; or the lease is not placed or running "
+                "(`detail`)",
+            ),
+        },
+    )
+    @action(detail=True, methods=["post"])
+    def extend(self, request, pk=None):
+        """Extend or shorten a placed or running lease in place (issue 48)."""
+        lease = self.get_object()
+        ser = s.ExtendSerializer(data=request.data)
+        ser.is_valid(raise_exception=True)
+        query = s.DryRunSerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        data = ser.validated_data
+        done = actions.do_change_end(
+            request.user,
+            lease.pk,
+            now=timezone.now(),
+            end=data.get("end"),
+            by_s=data.get("by_s"),
+            dry_run=query.validated_data["dry_run"],
+            reason=data["reason"],
+        )
+        code = status.HTTP_200_OK if done.change.ok else status.HTTP_409_CONFLICT
+        return Response(s.plain(s.ExtendAnswerSerializer, done.answer()), status=code)
 
 
 def _batch_result(index: int, item: actions.BatchItem, minimal: bool) -> dict:

@@ -11,6 +11,7 @@ PURE: no Django.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Mapping
 from dataclasses import replace
 
@@ -35,13 +36,18 @@ from leases.scheduling.records import (
     Trial,
 )
 from leases.slots.arrays import DIMS, NodeArrays
-from leases.slots.values import vec
+from leases.slots.values import unvec, vec
 from leases.slottable import Res
 
 _DIM_NAMES = ("cpu", "mem", "disk")
 # Room that frees later is held for a lost VM only if it holds at least this long, and at least half of what is
 # left of its lease: a hold for the last seconds of a lease is no recovery.
 MIN_HELD_S = 60.0
+# Counter-offers: how many windows are offered, and how many candidate starts (the asked one, then each instant at
+# which some plan ends) are tried at most, so that a 409 stays fast on a busy fleet (bench/bench_counter_offers.py).
+OFFERS = 3
+OFFER_TRIES = 40
+BLOCKING_MAX = 20
 _OF = ("", " memory", " disk")
 # What a refusal for want of room says of each outcome (seed 001's words: an operator must not hunt a load problem
 # that is really a dead agent).
@@ -101,6 +107,93 @@ class Deciding(Explaining):
         finally:
             self._forget_probe(req.id)
         return None
+
+    def alternatives(
+        self, req: LeaseRequest, now: float, excluded: Mapping[int, str] | None = None
+    ) -> list[Trial]:
+        """Counter-offers for an advance reservation that does not fit its window: up to OFFERS earliest windows of
+        the same duration, at or after the asked start, in which the whole lease would be placed now without
+        preempting anyone, each decided by the step its submission takes (`decide`), so resubmitting one gets it
+        while the fleet stays as it is. Each offer starts at or after the previous one's end (three choices, not
+        one window a second apart). Nothing is changed here.
+
+        The search is bounded for a busy fleet: a candidate start is decided only over the nodes free for the
+        whole window (a node that cannot hold the smallest VM then cannot hold any), and only when there are
+        enough of them; otherwise it jumps to the first instant at which enough nodes are each free for the whole
+        window (`SlotTable.earliest_fit`, kept per node and asked again only for the nodes the start passes).
+        OFFER_TRIES candidates at most."""
+        if req.type != ADVANCE_RESERVATION or req.start is None:
+            return []
+        shape = _smallest(req)
+        span = req.duration + self.timing.shutdown_time(req)
+        usable = self._usable_for(req)
+        nodes = sorted(self.table.nodes if usable is None else usable)
+        most = max((self._copies_empty(n, shape) for n in nodes), default=0)
+        if most <= 0:
+            return []
+        wanted = -(-len(req.vnodes) // most)
+        # Each node's earliest start of a window it is free for (for the smallest VM), from the candidate on; a
+        # node's stays right until the candidate passes it, so only those are asked again.
+        start, offers = max(req.start, now), []
+        table = self.table
+        earliest: dict[int, float] = {}
+        for n in nodes:
+            t = table.earliest_fit(n, shape, span, start)
+            if t is not None:
+                earliest[n] = t
+        try:
+            for _ in range(OFFER_TRIES):
+                for n in [n for n, t in earliest.items() if t < start]:
+                    t = table.earliest_fit(n, shape, span, start)
+                    if t is None:
+                        del earliest[n]
+                    else:
+                        earliest[n] = t
+                free = [n for n, t in earliest.items() if t == start]
+                trial = None
+                if len(free) >= wanted:
+                    busy = {n: "busy: not free over the window" for n in set(nodes).difference(free)}
+                    trial = self.decide(replace(req, start=start), now, {**(excluded or {}), **busy})
+                if trial is not None and trial.placed:
+                    offers.append(trial)
+                    if len(offers) == OFFERS:
+                        break
+                    # The next offer is another choice, not the same window a moment later: from this one's end.
+                    start = start + req.duration
+                    continue
+                # The next start: when enough nodes are each free for the whole window, and the free set differs.
+                if len(earliest) < wanted:
+                    break
+                enough = heapq.nsmallest(wanted, earliest.values())[-1]
+                later = [t for t in earliest.values() if t > start]
+                if not later:
+                    break  # no node frees up later: nothing fits later than it does now
+                start = max(enough, min(later))
+        finally:
+            self.use_exclusions(excluded)
+        return offers
+
+    def _copies_empty(self, node: int, vm: Res) -> int:
+        counts = [int(c // v) for c, v in zip(vec(self._capacity[node]), vec(vm), strict=True) if v > 0]
+        return min(counts) if counts else 1 << 20
+
+    def blocking(self, req: LeaseRequest, start: float, end: float) -> list[int]:
+        """The leases whose reservations stand in [start, end) on a node that could take `req`'s VMs, and that the
+        request may not move: every one but the preemptible best-effort leases an advance reservation may preempt
+        (held room for a reschedule counts, under its lease). Largest share of the window first, at most
+        BLOCKING_MAX."""
+        usable = self._usable_for(req)
+        movable = set(self._candidates(req, start, end)) if self.config.preempts else set()
+        taken: dict[int, float] = {}
+        for r in self.table.reservations(start=start, end=end):
+            if r.lease_id == req.id or r.lease_id in movable:
+                continue
+            if usable is not None and usable.isdisjoint(r.alloc):
+                continue
+            overlap = min(r.end, end) - max(r.start, start)
+            taken[r.lease_id] = taken.get(r.lease_id, 0.0) + overlap
+        ranked = sorted(taken, key=lambda lid: (-taken[lid], lid))
+        return ranked[:BLOCKING_MAX]
 
     def _holds_on(self, lease_id: int, node: int, start: float, end: float) -> bool:
         return any(
@@ -272,6 +365,11 @@ class Deciding(Explaining):
         for memo in (self._orders, self._smallest, self._barred):
             memo.pop(lease_id, None)
         self.timing.forget(lease_id)
+
+
+def _smallest(req: LeaseRequest) -> Res:
+    """The least of every resource any of its VMs asks: a node that cannot hold it cannot hold any of them."""
+    return unvec(tuple(min(column) for column in zip(*(vec(vm) for vm in req.vnodes), strict=True)))
 
 
 def _as_immediate(req: LeaseRequest) -> LeaseRequest:

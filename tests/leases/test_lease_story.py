@@ -77,7 +77,7 @@ def test_a_best_effort_lease_replanned_twice_then_preempted_says_why_at_every_st
     assert all(r["status"] != "cancelled" for r in body["reservations"])
     assert (
         not Reservation.objects.filter(lease=lease, status="scheduled", kind="vm")
-        .exclude(pk__in=[r["rid"] for r in body["reservations"]])
+        .exclude(rid__in=[r["rid"] for r in body["reservations"]])
         .exists()
     )
 

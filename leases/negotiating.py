@@ -1,0 +1,63 @@
+"""Counter-offers (issue 48): when an advance reservation does not fit its window, when it could, and who is in the
+way. A read: asked of the scheduler as the last pass left it (`store.consulting`), never written.
+
+`alternatives` are up to three earliest windows of the same duration, at or after the asked start, in which the
+whole lease would be placed now, each decided by the step its submission takes (`Scheduler.decide`), so that
+resubmitting one gets it while the fleet stays as it is. `blocking` names the leases whose reservations stand in the
+asked window on the nodes that could take it and that the reservation may not preempt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+from leases import reads, store
+from leases.models import Lease
+from leases.scheduler import LeaseRequest
+
+# The probe's id: no lease's (the preview's).
+PROBE_ID = -1
+# The outcomes a counter-offer can answer: room, not capability (no_capable_node never fits, whenever it starts).
+NEGOTIABLE = ("fleet_at_capacity", "fleet_unreadable")
+
+
+def offers(plan: store.Planning, req: LeaseRequest) -> dict[str, Any]:
+    """`alternatives` and `blocking` for `req` (an advance reservation) on the scheduler of `plan`."""
+    sched = plan.scheduler
+    names = plan.names
+    found = sched.alternatives(req, plan.t, plan.excluded)
+    assert req.start is not None
+    blockers = sched.blocking(req, req.start, req.start + req.duration)
+    labels = dict(Lease.objects.filter(pk__in=blockers).values_list("pk", "name")) if blockers else {}
+    return {
+        "alternatives": [
+            {
+                "start": _iso(store.from_epoch(t.start)),
+                "end": _iso(store.from_epoch(t.end)),
+                "nodes": [names.get(n, str(n)) for n in t.nodes],
+            }
+            for t in found
+        ],
+        "blocking": [{"id": lid, "name": labels.get(lid, "")} for lid in blockers],
+    }
+
+
+def counter_offers(lease: Lease, now: datetime) -> dict[str, Any] | None:
+    """The counter-offers for a rejected advance reservation (its row as the pass left it), or None when none
+    apply (another type, or no node could ever take it)."""
+    if lease.type != "advance_reservation" or lease.requested_start is None:
+        return None
+    groups = reads.lease_groups(lease)
+    with store.consulting(now) as plan:
+        # Asked as a new request (the rejected lease is no lease of the scheduler's), as if it arrived now.
+        probe = replace(store.request_of(lease, groups, plan.nodes), id=PROBE_ID, submit=plan.t)
+        if plan.scheduler.hopeless(probe):
+            return None
+        return offers(plan, probe)
+
+
+def _iso(at: datetime) -> str:
+    """As the API writes every time (DRF's DateTimeField: UTC as Z)."""
+    return at.isoformat().replace("+00:00", "Z")
