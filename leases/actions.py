@@ -10,10 +10,11 @@ import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import F, Max
 from django.utils import timezone
 
 from fleet import wording
@@ -21,7 +22,16 @@ from fleet.models import PlacementReport, SweepState
 from leases import forecasting, negotiating, reads, store, vnodes
 from leases.alerts import raise_alert, resolve_open
 from leases.lifecycle import IllegalTransition, LeaseState
-from leases.models import Alert, Group, Lease, LeaseEvent, SchedulerState
+from leases.models import (
+    LIVE_RESERVATION_STATUSES,
+    Alert,
+    Group,
+    Lease,
+    LeaseEvent,
+    Reservation,
+    SchedulerState,
+)
+from leases.request_rules import MAX_NOTIFY_BEFORE_S
 from leases.scheduler import Decision, EndChange, LeaseRequest
 from slotkeeper import audit, bulk, events, metrics, outbox, planwake, statements
 from slotkeeper.audit import actor_label
@@ -65,8 +75,37 @@ class LeaseSpec:
                 "auto_approve_reschedules": data["auto_approve_reschedules"],
                 "driver": data["driver"],
                 "spec": dict(data["spec"]),
+                "notify_before_s": (
+                    data["notify_before_s"]
+                    if data.get("notify_before_s") is not None
+                    else int(settings.SLOTKEEPER["NOTIFY_BEFORE_S"])
+                ),
             },
         )
+
+
+def spec_of(lease: Lease, *, start: datetime | None) -> LeaseSpec:
+    """The request of an earlier lease, asked again from `start` (a counter-offer taken from the console)."""
+    return LeaseSpec(
+        name=lease.name,
+        type=lease.type,
+        duration_s=lease.duration_s,
+        vnodes=[dict(v) for v in lease.vnodes],
+        start=start,
+        capabilities=tuple(lease.capabilities or ()),
+        preemptible=lease.preemptible,
+        real_duration_s=lease.real_duration_s,
+        groups=tuple(lease.groups.values_list("name", flat=True)),
+        policy={
+            "migratable": lease.migratable,
+            "restart_policy": dict(lease.restart_policy or {}),
+            "max_reschedules": lease.max_reschedules,
+            "auto_approve_reschedules": lease.auto_approve_reschedules,
+            "driver": lease.driver,
+            "spec": dict(lease.spec or {}),
+            "notify_before_s": lease.notify_before_s,
+        },
+    )
 
 
 @dataclass
@@ -507,6 +546,59 @@ def recorded_tick(now: datetime) -> Iterator[None]:
         resolve_open("tick_failed", now, "the tick passed again")
     _fleet_disruption_alert(now)
     metrics.inc("slotkeeper_ticks_total")
+
+
+# The most leases warned in one tick (the rest in the next ones, a few seconds later).
+NOTICES_PER_TICK = 1000
+
+
+def notify_ending(now: datetime) -> int:
+    """The before-end notices (issue 48): a `lease.ending` event on the feed for every placed lease whose end is
+    within its `notify_before_s`, once per end (`ending_notified_for`, written with the event, so a restart or a
+    second tick never sends it twice, and an extension, which moves the end, gets a notice of its own). A lease
+    whose end has already passed when the tick comes (the server was down) gets none. Returns how many were sent."""
+    horizon = now + timedelta(seconds=MAX_NOTIFY_BEFORE_S)
+    ends: dict[int, tuple[datetime, int, datetime | None]] = {}
+    rows = (
+        Reservation.objects.filter(
+            kind="vm", status__in=LIVE_RESERVATION_STATUSES, end__gt=now, end__lte=horizon,
+            lease__notify_before_s__gt=0,
+        )
+        .exclude(lease__ending_notified_for=F("end"))
+        .values_list("lease_id", "end", "lease__notify_before_s", "lease__ending_notified_for")
+    )  # fmt: skip
+    for lease_id, end, before, notified in rows:
+        if end - timedelta(seconds=before) <= now and (lease_id not in ends or end > ends[lease_id][0]):
+            ends[lease_id] = (end, before, notified)
+    # A lease's last live VM reservation is its end (a resumed lease's earlier VMs are not).
+    last = dict(
+        Reservation.objects.filter(lease_id__in=ends, kind="vm", status__in=LIVE_RESERVATION_STATUSES)
+        .values("lease_id")
+        .annotate(end=Max("end"))
+        .values_list("lease_id", "end")
+    ) if ends else {}  # fmt: skip
+    due = sorted(
+        (lid for lid, (end, _, notified) in ends.items() if last.get(lid) == end and notified != end)
+    )
+    due = due[:NOTICES_PER_TICK]
+    if not due:
+        return 0
+    with transaction.atomic():
+        rows_out = []
+        for lid in due:
+            end, before, _ = ends[lid]
+            Lease.objects.filter(pk=lid).update(ending_notified_for=end)
+            rows_out.append(
+                outbox.event(
+                    "lease.ending", now, lease=lid,
+                    data={"end": end.isoformat(), "in_s": round((end - now).total_seconds(), 1),
+                          "notify_before_s": before},
+                )
+            )  # fmt: skip
+        outbox.append_many(rows_out)
+        for lid in due:
+            events.send_on_commit("lease-changed", lease=lid)
+    return len(due)
 
 
 def advance(now: datetime) -> None:

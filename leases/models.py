@@ -84,6 +84,10 @@ class Lease(models.Model):
     restart_policy = models.JSONField(default=dict, blank=True)
     max_reschedules = models.PositiveIntegerField(default=5)
     auto_approve_reschedules = models.BooleanField(default=False)
+    # A `lease.ending` event this long before the lease's end (issue 48; 0: none), and the end it was sent for: sent
+    # once per end, so a restart never sends it twice and an extension gets its own.
+    notify_before_s = models.PositiveIntegerField(default=600)
+    ending_notified_for = models.DateTimeField(null=True, blank=True, editable=False)
     driver = models.CharField(max_length=16, default="sim")
     spec = models.JSONField(
         default=dict, blank=True, help_text="driver spec: command, env, cwd, stop_grace_s"

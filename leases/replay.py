@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from leases.scheduler import (
     LeaseRequest,
     Scheduler,
     SchedulerConfig,
+    forecast,
 )
 from leases.slottable import Res
 from leases.traces import Trace, TraceLease, merge_traces, parse_resources, read_trace
@@ -126,6 +127,48 @@ def setup(trace: Trace, haizea: HaizeaConfig | None) -> tuple[dict[int, Res], Sc
     return fleet(site, config.migration_bandwidth), config
 
 
+@dataclass
+class ForecastAccuracy:
+    """How far each best-effort lease's start, as estimated when it was submitted, was from its actual start
+    (issue 48): the estimate a user is shown at submission, for a lease the queue holds the queue forecast's
+    (`estimated_start`), for one planned at once its planned start."""
+
+    # |actual - estimated| in seconds, one per started lease; actual - estimated (positive: it started later).
+    errors: list[float] = field(default_factory=list)
+    late: list[float] = field(default_factory=list)
+    # The same for the leases the queue held at submission: the forecast's own (the rest were planned at once).
+    queued_errors: list[float] = field(default_factory=list)
+    no_estimate: int = 0  # submitted with no estimate at all (a forecast that could not place it)
+    never_started: int = 0
+
+    def summary(self) -> dict[str, Any]:
+        return {**_accuracy(self.errors, self.late), "no_estimate": self.no_estimate,
+                "never_started": self.never_started, "queued": _accuracy(self.queued_errors, [])}  # fmt: skip
+
+
+def _accuracy(errors_in: list[float], late_in: list[float]) -> dict[str, Any]:
+    """Shares within 1 min, 10 min and 1 h, the median and p90 absolute errors, and how many started late."""
+    errors = sorted(errors_in)
+    n = len(errors)
+
+    def within(s: float) -> float | None:
+        return sum(1 for e in errors if e <= s) / n if n else None
+
+    def pct(p: float) -> float | None:
+        return errors[min(n - 1, int(p * (n - 1) + 0.5))] if n else None
+
+    late = sum(1 for d in late_in if d > 60)
+    return {
+        "leases": n,
+        "within_1_min": within(60),
+        "within_10_min": within(600),
+        "within_1_h": within(3600),
+        "median_abs_error_s": pct(0.5),
+        "p90_abs_error_s": pct(0.9),
+        "started_later_than_estimated": late / n if n and late_in else None,
+    }
+
+
 def replay(
     trace: Trace,
     capacities: Mapping[int, Res],
@@ -134,10 +177,19 @@ def replay(
     check: bool = False,
     progress: Callable[[float, int, int], None] | None = None,
     label: Callable[[float], str] | None = None,
+    accuracy: ForecastAccuracy | None = None,
+    exact_runtimes: bool = False,
 ) -> ReplayResult:
-    """Run the whole trace; `check` runs the invariants after every step (slow on large traces)."""
+    """Run the whole trace; `check` runs the invariants after every step (slow on large traces). With `accuracy`,
+    each best-effort lease's estimated start at its submission is kept and compared with its actual start at the
+    end; `exact_runtimes` runs every lease for its whole requested duration (no early ends), where the forecast,
+    which plans with the requested durations, can only be wrong through what arrives after."""
     sched = Scheduler(capacities, config, label=label) if label else Scheduler(capacities, config)
-    pending = list(trace.leases)
+    pending = (
+        [replace(x, real_duration_s=None) for x in trace.leases] if exact_runtimes else list(trace.leases)
+    )
+    estimated: dict[int, float | None] = {}
+    queued_at_submission: set[int] = set()
     i = steps = 0
     while True:
         t = _next_time(sched, pending, i)
@@ -152,6 +204,10 @@ def replay(
         for lease in sorted(batch, key=lambda x: x.type == BEST_EFFORT):
             sched.submit(to_request(lease), t, defer=True)
         sched.advance(t)
+        if accuracy is not None:
+            _estimate(
+                sched, [x.id for x in batch if x.type == BEST_EFFORT], t, estimated, queued_at_submission
+            )
         sched.take_changes()
         steps += 1
         if check:
@@ -160,7 +216,37 @@ def replay(
             progress(t, i, len(pending))
     if check:
         check_invariants(sched, final=True)
+    if accuracy is not None:
+        for lid, est in estimated.items():
+            actual = sched.leases[lid].first_start
+            if actual is None:
+                accuracy.never_started += 1
+            elif est is None:
+                accuracy.no_estimate += 1
+            else:
+                accuracy.errors.append(abs(actual - est))
+                accuracy.late.append(actual - est)
+                if lid in queued_at_submission:
+                    accuracy.queued_errors.append(abs(actual - est))
     return ReplayResult(trace, sched, metrics(sched), steps)
+
+
+def _estimate(
+    sched: Scheduler, new: list[int], now: float, out: dict[int, float | None], queued_out: set[int]
+) -> None:
+    """What each newly submitted best-effort lease was told of its start: its planned start, or, queued, the
+    queue forecast's estimate (as the lease page and `estimated_start` give it)."""
+    queued = {lid: i for i, lid in enumerate(sched.queue)}
+    waiting = [lid for lid in new if lid in queued]
+    queued_out.update(waiting)
+    estimates = forecast(sched, now, limit=max(queued[lid] for lid in waiting) + 1) if waiting else {}
+    for lid in new:
+        rec = sched.leases[lid]
+        if lid in queued:
+            out[lid] = estimates[lid].start if lid in estimates else None
+        else:
+            vm = rec.current_vm()
+            out[lid] = vm.start if vm is not None else rec.first_start
 
 
 def _next_time(sched: Scheduler, pending: list[TraceLease], i: int) -> float | None:

@@ -24,6 +24,8 @@ from typing import Any
 from fleet.heartbeat_rules import MAX_CPU_CORES, MAX_DISK_GIB, MAX_MEM_MIB, number, whole
 
 MAX_DURATION_S = 366 * 24 * 3600
+# A before-end notice at most a day ahead: the tick looks that far for leases to warn (actions.notify_ending).
+MAX_NOTIFY_BEFORE_S = 86_400
 # How far ahead an advance reservation may start. The scheduler adds durations and overheads to a start; a start in
 # year 9999 overflowed `datetime` (a 500), and no one books a machine a century ahead.
 MAX_START_AHEAD = timedelta(days=10 * 366)
@@ -53,6 +55,7 @@ PLAIN = frozenset(
         "auto_approve_reschedules",
         "driver",
         "real_duration_s",
+        "notify_before_s",
     )
 )
 VM_FIELDS = frozenset(("cpu_cores", "mem_mib", "disk_gib"))
@@ -87,6 +90,8 @@ def plain_lease(body: Any, now: datetime, parse_time: Callable[[str], datetime |
     max_reschedules = whole(most, 0, MAX_RESCHEDULES)
     real = body.get("real_duration_s")
     real_duration = None if real is None else number(real, 0, MAX_DURATION_S)
+    notice = body.get("notify_before_s")
+    notify_before = None if notice is None else whole(notice, 0, MAX_NOTIFY_BEFORE_S)
     if (
         start is _SKIP
         or capabilities is None
@@ -94,6 +99,7 @@ def plain_lease(body: Any, now: datetime, parse_time: Callable[[str], datetime |
         or _SKIP in flags
         or max_reschedules is None
         or (real is not None and real_duration is None)
+        or (notice is not None and notify_before is None)
         or body.get("driver", "sim") != "sim"  # the process driver needs a spec, which this shape has not
     ):
         return None
@@ -115,6 +121,7 @@ def plain_lease(body: Any, now: datetime, parse_time: Callable[[str], datetime |
         "driver": "sim",
         "spec": {},
         "real_duration_s": real_duration,
+        "notify_before_s": notify_before,
     }
 
 

@@ -11,6 +11,7 @@ from urllib.parse import urlencode
 from django.contrib import messages
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_POST
 from django.views.decorators.vary import vary_on_headers
 
@@ -19,6 +20,7 @@ from fleet.views import sort_verdicts
 from leases import actions, forms, slotchart
 from leases.lifecycle import TERMINAL_LEASE_STATES
 from leases.models import Group, Lease, LeaseType, Reservation
+from leases.negotiation_views import negotiation_context
 from leases.slot_marks import fits, when
 from slotkeeper.decorators import role_required
 from slotkeeper.domain import DomainError
@@ -117,7 +119,7 @@ def lease_context(request, lease: Lease) -> dict:
 def lease_detail(request, lease_id: int):
     lease = get_object_or_404(Lease, pk=lease_id)
     template = "leases/_lease_body.html" if request.htmx else "leases/detail.html"
-    return render(request, template, lease_context(request, lease))
+    return render(request, template, {**lease_context(request, lease), **negotiation_context(lease)})
 
 
 @role_required("operator")
@@ -191,6 +193,80 @@ def lease_cancel(request, lease_id: int):
     except DomainError as exc:
         messages.error(request, str(exc))
     return redirect("lease-detail", lease_id=lease.pk)
+
+
+# -- negotiating a lease (issue 48): a counter-offer taken, an end changed ------------------------------------------
+
+# The largest change of an end the form takes, either way (the API takes up to a year).
+MAX_CHANGE_MIN = 7 * 24 * 60
+
+
+@role_required("operator")
+@require_POST
+def lease_resubmit(request, lease_id: int):
+    """A counter-offer taken: the rejected lease's request again, from the offered start."""
+    lease = get_object_or_404(Lease, pk=lease_id)
+    start = parse_datetime(request.POST.get("start", ""))
+    if start is None or lease.type != "advance_reservation":
+        messages.error(request, "That offer is not a time this lease can be asked for again.")
+        return redirect("lease-detail", lease_id=lease.pk)
+    now = timezone.now()
+    try:
+        result = actions.do_submit_lease(request.user, actions.spec_of(lease, start=start), now=now)
+    except DomainError as exc:
+        messages.error(request, str(exc))
+        return redirect("lease-detail", lease_id=lease.pk)
+    new = result.lease
+    if result.decision.accepted:
+        messages.success(
+            request, f"Lease {new.pk} {new.name} (for lease {lease.pk}): {result.decision.message}"
+        )
+    else:
+        messages.error(request, f"Lease {new.pk} {new.name} {new.state}: {result.decision.message}")
+    return redirect("lease-detail", lease_id=new.pk)
+
+
+@role_required("operator")
+@require_POST
+def lease_change_end(request, lease_id: int):
+    """Change the end by a number of minutes: "preview" answers on the page, "apply" does it."""
+    lease = get_object_or_404(Lease, pk=lease_id)
+    raw = request.POST.get("by_min", "").strip()
+    errors = {}
+    try:
+        minutes = float(raw)
+        if not raw or minutes != minutes or abs(minutes) > MAX_CHANGE_MIN or minutes == 0:
+            raise ValueError
+    except ValueError:
+        errors["by_min"] = [f"A number of minutes, not 0, at most {MAX_CHANGE_MIN:,} either way."]
+        minutes = 0.0
+    reason = request.POST.get("reason", "").strip()[:300].replace("\x00", "")
+    preview = request.POST.get("do") != "apply"
+    done = None
+    if not errors:
+        try:
+            done = actions.do_change_end(
+                request.user, lease.pk, now=timezone.now(), by_s=minutes * 60, dry_run=preview, reason=reason
+            )
+        except DomainError as exc:
+            errors["by_min"] = [str(exc)]
+    if done is not None and not preview and done.change.ok:
+        messages.success(request, f"Lease {lease.pk}: {done.change.message}")
+        return redirect("lease-detail", lease_id=lease.pk)
+    lease.refresh_from_db()
+    context = {
+        **lease_context(request, lease),
+        **negotiation_context(lease),
+        "change": {
+            "answer": done.answer() if done is not None else None,
+            "ok": done is not None and done.change.ok,
+            "preview": preview,
+            "errors": errors,
+            "values": {"by_min": raw, "reason": reason},
+        },
+    }
+    status = 400 if errors else 409 if (done is not None and not done.change.ok and not preview) else 200
+    return render(request, "leases/detail.html", context, status=status)
 
 
 # -- the queue forecast on the slot table ---------------------------------------------------------------------------

@@ -272,6 +272,8 @@ SLOTKEEPER = {
     "RESCHEDULE_HOLD_S": env_seconds("SLOTKEEPER_RESCHEDULE_HOLD_S", 900, at_least=10),
     # How long the event feed keeps events (slotkeeper/outbox.py): a client resuming from an older one gets 410.
     "EVENT_RETENTION_S": env_seconds("SLOTKEEPER_EVENT_RETENTION_S", 7 * 86400, at_least=60),
+    # A lease's `lease.ending` notice, when its request does not say (`notify_before_s`; 0: none).
+    "NOTIFY_BEFORE_S": env_seconds("SLOTKEEPER_NOTIFY_BEFORE_S", 600, at_least=0),
     # Health history kept for the charts (one hour: 720 samples a node at the agent's 5 s interval).
     "HEALTH_HISTORY_S": float(os.environ.get("SLOTKEEPER_HEALTH_HISTORY_S", "3600")),
     # At most one history sample per node this often: the latest report is always on the node row, and a chart

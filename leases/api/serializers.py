@@ -29,6 +29,7 @@ from leases.request_rules import (
     MAX_DURATION_S,
     MAX_GROUPS,
     MAX_NAME,
+    MAX_NOTIFY_BEFORE_S,
     MAX_RESCHEDULES,
     MAX_START_AHEAD,
     MAX_VMS,
@@ -141,6 +142,16 @@ class LeaseCreateSerializer(StrictSerializer):
         allow_null=True,
         default=None,
         help_text="Simulation and demos only: the lease really ends after this much run time.",
+    )
+    notify_before_s = StrictIntegerField(
+        min_value=0,
+        max_value=MAX_NOTIFY_BEFORE_S,
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="Seconds before the lease's end at which a `lease.ending` event is sent on the event feed (once "
+        "per end: an extension gets its own); 0 for none; default the server's SLOTKEEPER_NOTIFY_BEFORE_S "
+        "(10 minutes).",
     )
 
     def validate(self, attrs):
@@ -479,6 +490,8 @@ class LeaseSerializer(serializers.ModelSerializer):
             "driver",
             "spec",
             "groups",
+            "notify_before_s",
+            "ending_notified_for",
         ]
         read_only_fields = fields
 

@@ -460,3 +460,25 @@ def test_plot_without_matplotlib_says_how_to_install_it_before_replaying(monkeyp
     with pytest.raises(CommandError, match=r"slotkeeper\[plot\]"):
         call_command("replay", str(HAIZEA / "tests-1.0/wait.lwf"), "--plot", str(tmp_path / "x.svg"))
     assert not (tmp_path / "x.svg").exists()
+
+
+def test_the_forecast_accuracy_compares_each_estimate_with_the_actual_start():
+    # Two one-node best-effort leases of an hour on one node, the second submitted while the first runs: planned
+    # (backfilling's future reservation) to start when the first's hour is over. With exact run times it starts
+    # then (error 0); when the first really ends after 10 minutes, it starts 50 minutes before its estimate.
+    from leases.replay import ForecastAccuracy
+
+    node = Res(100, 1024)
+    leases = [
+        TraceLease(1, "best_effort", 0.0, None, None, 3600.0, 600.0, (node,)),
+        TraceLease(2, "best_effort", 60.0, None, None, 3600.0, 600.0, (node,)),
+    ]
+    trace = Trace("two.lwf", "two", (node,), tuple(leases))
+    capacities, config = setup(trace, None)
+    exact, early = ForecastAccuracy(), ForecastAccuracy()
+    replay(trace, capacities, config, accuracy=exact, exact_runtimes=True)
+    replay(trace, capacities, config, accuracy=early)
+    assert exact.summary()["leases"] == 2 and exact.summary()["p90_abs_error_s"] == 0
+    assert early.summary()["leases"] == 2 and early.summary()["within_1_min"] == 0.5
+    assert early.summary()["p90_abs_error_s"] == pytest.approx(3000, abs=120)
+    assert early.late == [0.0, pytest.approx(-3000, abs=120)]  # it started earlier than estimated

@@ -1,5 +1,5 @@
 """The periodic work, composed: the sweep (fleet's, then node loss), the tick (the lease core's, then the
-reschedules of leases that ended withdrawn, restarts whose backoff passed, drains with a deadline), and retention (placement reports past theirs). The embedded
+reschedules of leases that ended withdrawn, the before-end notices, restarts whose backoff passed, drains with a deadline), and retention (placement reports past theirs). The embedded
 loop and Celery beat both run these."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ def tick(now: datetime) -> None:
         # Lost instances' proposals first: a lease that held capacity before its node died goes before the queue.
         reschedules.refresh(now)
         lease_actions.advance(now)
+        lease_actions.notify_ending(now)
         with transaction.atomic():
             reschedules.withdraw_moot(now)
         alerts.resolve_moot(now)

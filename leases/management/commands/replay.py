@@ -23,6 +23,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from leases.haizea_config import ConfigError, HaizeaConfig, read_config, read_multi_config
 from leases.replay import (
     SWEEP_COLUMNS,
+    ForecastAccuracy,
     Metrics,
     ReplayResult,
     SweepRow,
@@ -68,6 +69,17 @@ class Command(BaseCommand):
         parser.add_argument(
             "--plot", metavar="FILE.svg", help="draw utilisation and queue length over time (one run)"
         )
+        parser.add_argument(
+            "--forecast-accuracy",
+            action="store_true",
+            help="also measure the queue forecast: each best-effort lease's estimated start at submission "
+            "against its actual start (slower: a forecast at every step with new queued leases)",
+        )
+        parser.add_argument(
+            "--exact-runtimes",
+            action="store_true",
+            help="every lease runs its whole requested duration (no early ends)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["sweep"]:
@@ -92,12 +104,15 @@ class Command(BaseCommand):
         start = (haizea.starttime if haizea else None) or DEFAULT_START
         plot = _pyplot() if options["plot"] else None  # refuse before a long replay, not after it
         cpu = time.process_time()
+        accuracy = ForecastAccuracy() if options["forecast_accuracy"] else None
         result = replay(
             trace,
             capacities,
             config,
             progress=self._progress(len(trace.leases)),
             label=lambda t: (start + timedelta(seconds=t)).strftime("%Y-%m-%d %H:%M:%S"),
+            accuracy=accuracy,
+            exact_runtimes=options["exact_runtimes"],
         )
         if options["csv"]:
             row = SweepRow(haizea.profile if haizea else None, Path(trace.path).stem, trace.injection,
@@ -106,9 +121,14 @@ class Command(BaseCommand):
         if plot is not None:
             _plot(plot, result, options["plot"])
         if options["json"]:
-            self.stdout.write(json.dumps(as_json(result, start)))
+            out = as_json(result, start)
+            if accuracy is not None:
+                out["forecast_accuracy"] = accuracy.summary()
+            self.stdout.write(json.dumps(out))
         else:
             self._print(result)
+            if accuracy is not None:
+                self._print_accuracy(accuracy, options["exact_runtimes"])
 
     # -- sweep -------------------------------------------------------------------------------------------
 
@@ -166,6 +186,23 @@ class Command(BaseCommand):
                 self.stderr.write(f"replay: t={t / 86400:.2f} days, {submitted}/{total} leases submitted")
 
         return report
+
+    def _print_accuracy(self, accuracy: ForecastAccuracy, exact: bool) -> None:
+        a = accuracy.summary()
+        runs = "exact run times" if exact else "the trace's run times (early ends)"
+        self.stdout.write(
+            f"  queue forecast, {runs}: estimated start at submission against the actual start "
+            f"(no estimate {a['no_estimate']}, never started {a['never_started']})"
+        )
+        for label, part in (("every best-effort lease", a), ("queued at submission", a["queued"])):
+            if not part["leases"]:
+                self.stdout.write(f"    {label}: none")
+                continue
+            self.stdout.write(
+                f"    {label} ({part['leases']}): within 1 min {part['within_1_min']:.1%}, 10 min "
+                f"{part['within_10_min']:.1%}, 1 h {part['within_1_h']:.1%}; absolute error median "
+                f"{part['median_abs_error_s']:.0f} s, p90 {part['p90_abs_error_s']:.0f} s"
+            )
 
     def _print(self, result: ReplayResult) -> None:
         m = result.metrics

@@ -1,0 +1,66 @@
+"""The console's negotiation forms without a browser (issue 48): only an operator may take an offer or change an
+end; bad input is answered beside the form and changes nothing; a rejected reservation's page lists its offers."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from leases import actions
+from leases.models import Lease, Reservation
+from tests.console.conftest import vm
+
+pytestmark = pytest.mark.django_db
+
+
+def running(name="job"):
+    spec = actions.LeaseSpec(name=name, type="immediate", duration_s=600, vnodes=[vm()])
+    return actions.do_submit_lease(None, spec, now=timezone.now()).lease
+
+
+def test_a_viewer_cannot_take_an_offer_or_change_an_end(vera, fleet):
+    lease = running()
+    assert vera.post(f"/leases/{lease.pk}/end", {"by_min": "10", "do": "apply"}).status_code == 403
+    assert vera.post(f"/leases/{lease.pk}/resubmit", {"start": "2030-01-01T00:00:00Z"}).status_code == 403
+    assert Lease.objects.count() == 1
+
+
+@pytest.mark.parametrize("by", ["", "0", "x", "nan", "999999999", "1e400"])
+def test_a_bad_change_is_answered_beside_the_form_and_changes_nothing(otto, fleet, by):
+    lease = running()
+    end = Reservation.objects.get(lease=lease, kind="vm").end
+    response = otto.post(f"/leases/{lease.pk}/end", {"by_min": by, "do": "apply"})
+    assert response.status_code == 400
+    assert b'id="by_min-error"' in response.content
+    assert Reservation.objects.get(lease=lease, kind="vm").end == end
+
+
+def test_a_preview_changes_nothing_and_apply_does(otto, fleet):
+    lease = running()
+    end = Reservation.objects.get(lease=lease, kind="vm").end
+    preview = otto.post(f"/leases/{lease.pk}/end", {"by_min": "15"})
+    assert preview.status_code == 200 and b"Would apply" in preview.content
+    assert Reservation.objects.get(lease=lease, kind="vm").end == end
+    applied = otto.post(f"/leases/{lease.pk}/end", {"by_min": "15", "do": "apply"})
+    assert applied.status_code == 302
+    assert Reservation.objects.get(lease=lease, kind="vm").end == end + timedelta(minutes=15)
+
+
+def test_a_rejected_reservation_lists_its_offers_and_a_bad_offer_is_refused(otto, fleet):
+    start = timezone.now() + timedelta(hours=3)
+    wall = actions.LeaseSpec(
+        name="wall", type="advance_reservation", duration_s=3600, vnodes=[vm(cores=4)] * 3, start=start
+    )
+    assert actions.do_submit_lease(None, wall, now=timezone.now()).decision.accepted
+    late = actions.LeaseSpec(
+        name="late", type="advance_reservation", duration_s=600, vnodes=[vm(cores=4)], start=start
+    )
+    rejected = actions.do_submit_lease(None, late, now=timezone.now()).lease
+    page = otto.get(f"/leases/{rejected.pk}/")
+    assert page.status_code == 200
+    assert page.content.count(b"data-offer=") == 3 and b"wall" in page.content
+    count = Lease.objects.count()
+    bad = otto.post(f"/leases/{rejected.pk}/resubmit", {"start": "not a time"})
+    assert bad.status_code == 302 and Lease.objects.count() == count
