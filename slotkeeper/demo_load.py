@@ -18,6 +18,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 log = logging.getLogger(__name__)
+# What every fault the demo injects says first, so its own outcomes can be told from real ones (management/demo.py).
+DEMO_REASON = "demo:"
 
 LOW, HIGH = 0.70, 0.85
 MAX_QUEUE = 6
@@ -164,7 +166,7 @@ def _operator_step(server: str, operator, admin, day: Day, what: str, node: int 
             return
         pick = rng.choice(online)
         if what == "lose":
-            reason = "demo: power supply failed (the demo re-admits it in a few minutes)"
+            reason = f"{DEMO_REASON} power supply failed (the demo re-admits it in a few minutes)"
             admin.post(f"{server}/api/nodes/{pick['id']}/declare-dead", json={"reason": reason}, timeout=10)
             day.after_loss(now, pick["id"])
             log.info("demo: node declared dead", extra={"node": pick["name"]})

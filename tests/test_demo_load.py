@@ -62,3 +62,21 @@ def test_the_operators_day_loses_a_node_then_approves_and_readmits_and_drains_th
     assert day.due(demo_load.FIRST_DRAIN_S + demo_load.UNDRAIN_AFTER_S) == [("undrain", 3)]
     # And again, every so often.
     assert ("lose", None) in day.due(demo_load.FIRST_LOSS_S + demo_load.LOSS_EVERY_S)
+
+
+def test_the_demo_does_not_show_the_fencing_it_caused_but_shows_any_other():
+    import logging
+
+    from slotkeeper.management.commands.demo import DemoFencing
+
+    def record(error: str) -> logging.LogRecord:
+        r = logging.LogRecord("slotkeeper.agent", logging.ERROR, __file__, 1, "node-fenced", (), None)
+        r.fields = {"node": 3, "error": error}
+        return r
+
+    ours = record(
+        "node small-02 was declared dead (demo: power supply failed (the demo re-admits it)) and is fenced"
+    )
+    real = record("node small-02 was declared dead (silent for 120 s) and is fenced")
+    assert DemoFencing().filter(ours) is False
+    assert DemoFencing().filter(real) is True

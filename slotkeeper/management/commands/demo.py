@@ -34,6 +34,7 @@ from django.utils import timezone
 
 from fleet import actions
 from fleet.models import Node
+from slotkeeper.demo_load import DEMO_REASON
 from slotkeeper.management.commands.issue_token import grant_role, issue
 from slotkeeper.shutdown import DAPHNE_TIMEOUTS
 
@@ -61,6 +62,16 @@ DEMO_FLEET = [
 ]
 
 
+class DemoFencing(logging.Filter):
+    """The demo declares a node dead on purpose every 20 minutes (slotkeeper/demo_load.py) and says so on one line;
+    its simulated agent's "node-fenced" error for that node is the expected outcome, not an error to look into, so
+    it is not shown again. A node fenced for any other reason still logs its error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        fields = getattr(record, "fields", None) or {}
+        return not (record.getMessage() == "node-fenced" and DEMO_REASON in str(fields.get("error", "")))
+
+
 class Command(BaseCommand):
     help = "Run Slotkeeper embedded with a demo fleet: console at http://127.0.0.1:8000 (Ctrl-C stops it)."
 
@@ -86,6 +97,7 @@ class Command(BaseCommand):
             # Twelve agents in one terminal log an instance start or end every second or two; their warnings
             # and errors (an instance lost, a refused or fenced node) still show.
             logging.getLogger("slotkeeper.agent").setLevel(logging.WARNING)
+        logging.getLogger("slotkeeper.agent").addFilter(DemoFencing())
         DEMO_DIR.mkdir(mode=0o700, exist_ok=True)
         self.stdout.write("Migrating the database…")
         call_command("migrate", interactive=False, verbosity=0)
