@@ -439,7 +439,8 @@ def test_a_heartbeats_write_stays_on_its_rows_page_and_touches_no_index():
 
     fleet = [online(f"h{i:02}") for i in range(20)]
     query = "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables WHERE relname = 'fleet_node'"
-    for k in (1, 2):
+    hots = []
+    for k in range(1, 6):
         at = timezone.now() + timedelta(seconds=5 * k)
         batch = {n.pk: [pending(n, raw, IDLE, at)] for n, raw in fleet}
         with transaction.atomic(), connection.cursor() as cursor:
@@ -452,5 +453,11 @@ def test_a_heartbeats_write_stays_on_its_rows_page_and_touches_no_index():
         updated, hot = after[0] - before[0], after[1] - before[1]
         assert set(Node.objects.values_list("last_heartbeat_at", flat=True)) == {at}
         assert updated == 20, (k, updated)
-    # The second flush: every row's page has been pruned of the versions the first left, so all twenty in place.
-    assert hot == 20, hot
+        hots.append(hot)
+        if k >= 2 and hot == 20:
+            break
+        time.sleep(0.2)
+    # A later flush: every row's page has been pruned of the versions the one before left, so all twenty in place.
+    # Pruning needs a moment no one else pins the page (autovacuum may, on a table just emptied), so a few flushes
+    # are allowed to get there; with the column indexed none of them is HOT (0 of 20,782 in bench_heartbeats.py).
+    assert 20 in hots[1:], hots
