@@ -4,6 +4,7 @@ a CSV export. One filter function serves both, so the export is exactly the page
 from __future__ import annotations
 
 import csv
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
@@ -134,7 +135,9 @@ def csv_rows(entries: QuerySet[AuditEntry]) -> Iterator[list[str]]:
     yield list(CSV_COLUMNS)
     for e in entries.iterator(chunk_size=1000):
         values = (e.at.isoformat(), e.actor_label, e.action, e.target_type, e.target_id, e.target_label)
-        yield [spreadsheet_safe(v) for v in (*values, e.reason, e.details or "")]
+        # `details` as JSON, as the API gives it (it was Python's printout of a dict: single quotes, True, None).
+        details = json.dumps(e.details, sort_keys=True, default=str) if e.details else ""
+        yield [spreadsheet_safe(v) for v in (*values, e.reason, details)]
 
 
 @role_required("viewer")

@@ -19,5 +19,13 @@ register.filter("with_times", wording.with_times)
 register.filter("figures", wording.figures)
 register.filter("tally", wording.tally)
 register.filter("request_words", wording.request_words)
+
+
+@register.filter
+def vm_shapes(vnodes) -> str:
+    """A lease's VMs by shape, each shape once: "20 × (2 cores, 8 GiB, 20 GiB disk)", not the shape twenty times."""
+    return wording.request_words({"vnodes": list(vnodes or ())})
+
+
 register.filter("mem", wording.mem)
 register.filter("cores_of", wording.cores_of)

@@ -64,3 +64,46 @@ def test_a_rejected_reservation_lists_its_offers_and_a_bad_offer_is_refused(otto
     count = Lease.objects.count()
     bad = otto.post(f"/leases/{rejected.pk}/resubmit", {"start": "not a time"})
     assert bad.status_code == 302 and Lease.objects.count() == count
+
+
+# -- rough edges of the console (issue 46, item 5) ------------------------------------------------------------------
+
+
+def test_a_leases_request_names_each_vm_shape_once(vera, fleet):
+    spec = actions.LeaseSpec(
+        name="wide", type="best_effort", duration_s=600, vnodes=[vm()] * 20 + [vm(cores=2)]
+    )
+    lease = actions.do_submit_lease(None, spec, now=timezone.now()).lease
+    body = vera.get(f"/leases/{lease.pk}/").content.decode()
+    request = body[body.index("data-request>") :].split("</dd>")[0]
+    assert "20 × (1 core, 1 GiB) + 1 × (2 cores, 1 GiB)" in request
+    assert request.count("1 core") == 1
+
+
+def test_a_queued_leases_report_is_not_shown_as_a_failure(vera, fleet):
+    for i in range(3):  # every node's cores, for an hour
+        spec = actions.LeaseSpec(name=f"full-{i}", type="immediate", duration_s=3600, vnodes=[vm(cores=4)])
+        assert actions.do_submit_lease(None, spec, now=timezone.now()).decision.accepted
+    spec = actions.LeaseSpec(name="waits", type="best_effort", duration_s=600, vnodes=[vm(cores=4)] * 3)
+    spec2 = actions.LeaseSpec(name="waits-too", type="best_effort", duration_s=600, vnodes=[vm(cores=4)] * 3)
+    actions.do_submit_lease(None, spec, now=timezone.now())
+    queued = actions.do_submit_lease(None, spec2, now=timezone.now()).lease
+    assert queued.state == "queued"
+    body = vera.get(f"/leases/{queued.pk}/").content.decode()
+    badge = body[body.index('data-code="queued"') - 40 :][:120]
+    assert "amber" in badge and "red" not in badge
+
+
+def test_the_audit_export_writes_details_as_json(vera, fleet):
+    import csv
+    import io
+    import json
+
+    from slotkeeper import audit
+
+    audit.record(
+        at=timezone.now(), actor=None, action="test.details", target=None, details={"ok": True, "none": None}
+    )
+    response = vera.get("/audit.csv", {"action": "test.details"})
+    rows = list(csv.reader(io.StringIO(b"".join(response.streaming_content).decode())))
+    assert json.loads(rows[1][7]) == {"none": None, "ok": True}
