@@ -121,8 +121,10 @@ class Changing(Deciding):
             ids = ", ".join(str(i) for i in in_way[:5])
             verdicts[node] = (
                 f"booked from {self.label(fits_until)} by lease{'s' if len(in_way) > 1 else ''} {ids}"
+                if in_way
+                else "no longer has room for its share (its capacity shrank)"
             )
-        if blocking:
+        if any(verdicts.values()):
             best = latest if latest > old_end else None
             said = (
                 f"latest end that fits: {self.label(best)}"
@@ -131,8 +133,13 @@ class Changing(Deciding):
             )
             return EndChange(
                 False, lease_id, old_end, new_end,
-                f"not extended to {self.label(new_end)}: its nodes are booked after {self.label(old_end)} by lease(s) "
-                f"{', '.join(str(i) for i in sorted(blocking)[:10])}; {said}",
+                f"not extended to {self.label(new_end)}: "
+                + (
+                    f"its nodes are booked after {self.label(old_end)} by lease(s) "
+                    f"{', '.join(str(i) for i in sorted(blocking)[:10])}; {said}"
+                    if blocking
+                    else f"a node of it has no room after {self.label(old_end)}; {said}"
+                ),
                 blocking=tuple(sorted(blocking)), latest_end=best, verdicts=verdicts, code="blocked",
             )  # fmt: skip
         in_way = [
