@@ -157,7 +157,8 @@ def decide_on_loss(
             f"It has been rescheduled {reschedules_so_far} times, the limit is {policy.max_reschedules}; "
             "a flapping fleet must not move it forever.",
         )
-    move = f"Reschedule {reschedules_so_far + 1} of {policy.max_reschedules}"
+    # "1 of 5" said what it counts: this instance's moves against its lease's limit (max_reschedules).
+    move = f"This instance's move {reschedules_so_far + 1} of the {policy.max_reschedules} its lease allows"
     if policy.auto_approve:
         return LossDecision("propose", f"{move}, approved by policy.", auto_approved=True)
     return LossDecision("propose", f"{move}, waiting for an operator's approval.")

@@ -146,7 +146,15 @@ def test_a_lost_instance_is_moved_held_or_failed(policy, migratable, capabilitie
          LossDecision("hold", "It is not migratable; held until its node returns or an operator acts.")),
         (True, [], 5, LossDecision("fail", "It has been rescheduled 5 times, the limit is 5; "
                                    "a flapping fleet must not move it forever.")),
-        (True, [], 2, LossDecision("propose", "Reschedule 3 of 5, waiting for an operator's approval.")),
+        (
+            True,
+            [],
+            2,
+            LossDecision(
+                "propose",
+                "This instance's move 3 of the 5 its lease allows, waiting for an operator's approval.",
+            ),
+        ),
     ],
 )  # fmt: skip
 def test_a_loss_decision_gives_its_reason_as_a_sentence(migratable, capabilities, so_far, expected):
