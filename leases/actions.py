@@ -470,10 +470,8 @@ def do_change_end(
     with opened as plan:
         rec = plan.scheduler.leases.get(lease.pk)
         vm = rec.current_vm() if rec is not None else None
-        if vm is None:
-            target = store.to_epoch(end) if end is not None else math.nan
-        else:
-            target = store.to_epoch(end) if end is not None else vm.end + float(by_s or 0)
+        base = vm.end if vm is not None else math.nan
+        target = store.to_epoch(end) if end is not None else base + float(by_s or 0)
         if rec is None:  # ended, cancelled, rejected: no longer the scheduler's
             change = EndChange(
                 False, lease.pk, math.nan, target, code="not_changeable",
@@ -493,17 +491,18 @@ def do_change_end(
             LeaseEvent.objects.create(
                 lease=lease, at=now, from_state=lease.state, to_state=lease.state, message=said[:2000]
             )
+            details = {
+                "from_end": store.from_epoch(change.old_end).isoformat(),
+                "end": store.from_epoch(change.new_end).isoformat(),
+                "replanned": list(change.replanned),
+            }
             audit.record(
                 at=now, actor=actor, action="lease.extend" if longer else "lease.shorten", target=lease,
-                reason=reason, details={"from_end": store.from_epoch(change.old_end).isoformat(),
-                                        "end": store.from_epoch(change.new_end).isoformat(),
-                                        "replanned": list(change.replanned)},
+                reason=reason, details=details,
             )  # fmt: skip
             outbox.append(
                 "lease.extended" if longer else "lease.shortened", now, lease=lease.pk,
-                data={"from_end": store.from_epoch(change.old_end).isoformat(),
-                      "end": store.from_epoch(change.new_end).isoformat(), "reason": reason,
-                      "replanned": list(change.replanned)},
+                data={**details, "reason": reason},
             )  # fmt: skip
             events.send_on_commit("lease-changed", lease=lease.pk)
     lease.refresh_from_db()
@@ -558,44 +557,44 @@ def notify_ending(now: datetime) -> int:
     second tick never sends it twice, and an extension, which moves the end, gets a notice of its own). A lease
     whose end has already passed when the tick comes (the server was down) gets none. Returns how many were sent."""
     horizon = now + timedelta(seconds=MAX_NOTIFY_BEFORE_S)
-    ends: dict[int, tuple[datetime, int, datetime | None]] = {}
+    ends: dict[int, tuple[datetime, int]] = {}
     rows = (
         Reservation.objects.filter(
             kind="vm", status__in=LIVE_RESERVATION_STATUSES, end__gt=now, end__lte=horizon,
             lease__notify_before_s__gt=0,
         )
-        .exclude(lease__ending_notified_for=F("end"))
-        .values_list("lease_id", "end", "lease__notify_before_s", "lease__ending_notified_for")
+        .exclude(lease__ending_notified_for=F("end"))  # sent already, for this end
+        .values_list("lease_id", "end", "lease__notify_before_s")
     )  # fmt: skip
-    for lease_id, end, before, notified in rows:
+    for lease_id, end, before in rows:
         if end - timedelta(seconds=before) <= now and (lease_id not in ends or end > ends[lease_id][0]):
-            ends[lease_id] = (end, before, notified)
+            ends[lease_id] = (end, before)
+    if not ends:
+        return 0
     # A lease's last live VM reservation is its end (a resumed lease's earlier VMs are not).
     last = dict(
         Reservation.objects.filter(lease_id__in=ends, kind="vm", status__in=LIVE_RESERVATION_STATUSES)
         .values("lease_id")
         .annotate(end=Max("end"))
         .values_list("lease_id", "end")
-    ) if ends else {}  # fmt: skip
-    due = sorted(
-        (lid for lid, (end, _, notified) in ends.items() if last.get(lid) == end and notified != end)
     )
-    due = due[:NOTICES_PER_TICK]
+    due = sorted(lid for lid, (end, _) in ends.items() if last.get(lid) == end)[:NOTICES_PER_TICK]
     if not due:
         return 0
     with transaction.atomic():
-        rows_out = []
-        for lid in due:
-            end, before, _ = ends[lid]
-            Lease.objects.filter(pk=lid).update(ending_notified_for=end)
-            rows_out.append(
-                outbox.event(
-                    "lease.ending", now, lease=lid,
-                    data={"end": end.isoformat(), "in_s": round((end - now).total_seconds(), 1),
-                          "notify_before_s": before},
-                )
-            )  # fmt: skip
-        outbox.append_many(rows_out)
+        bulk.update_many(
+            [bulk.Row(pk=lid, ending_notified_for=ends[lid][0]) for lid in due],
+            ["ending_notified_for"],
+            model=Lease,
+        )
+        outbox.append_many(
+            outbox.event(
+                "lease.ending", now, lease=lid,
+                data={"end": end.isoformat(), "in_s": round((end - now).total_seconds(), 1), "notify_before_s": before},
+            )
+            for lid in due
+            for end, before in [ends[lid]]
+        )  # fmt: skip
         for lid in due:
             events.send_on_commit("lease-changed", lease=lid)
     return len(due)

@@ -11,10 +11,12 @@ from leases import negotiating
 from leases.models import Lease, Reservation
 
 
-def negotiation_context(lease: Lease) -> dict:
-    """For the lease page: a rejected advance reservation's offers; a placed lease's end and its notice."""
+def negotiation_context(lease: Lease, reservations: list[Reservation], *, offers: bool = True) -> dict:
+    """For the lease page: a rejected advance reservation's offers (not on a live refresh, which re-renders only the
+    lease's body: asking for them is a search over the fleet); a placed lease's end, from the reservations the page
+    already lists, and its notice."""
     context: dict = {"offers": None, "plan_end": None, "notice_sent": False}
-    if lease.state == "rejected" and lease.type == "advance_reservation":
+    if offers and lease.state == "rejected" and lease.type == "advance_reservation":
         found = negotiating.counter_offers(lease, timezone.now())
         if found is not None:
             context["offers"] = [
@@ -22,11 +24,8 @@ def negotiation_context(lease: Lease) -> dict:
                 for o in found["alternatives"]
             ]
             context["blocking"] = found["blocking"]
-    end = (
-        Reservation.objects.filter(lease=lease, kind="vm", status__in=("scheduled", "active"))
-        .order_by("-end")
-        .values_list("end", flat=True)
-        .first()
+    end = max(
+        (r.end for r in reservations if r.kind == "vm" and r.status in ("scheduled", "active")), default=None
     )
     if end is not None:
         context["plan_end"] = end

@@ -21,6 +21,7 @@ from leases import actions, forms, slotchart
 from leases.lifecycle import TERMINAL_LEASE_STATES
 from leases.models import Group, Lease, LeaseType, Reservation
 from leases.negotiation_views import negotiation_context
+from leases.request_rules import MAX_START_AHEAD
 from leases.slot_marks import fits, when
 from slotkeeper.decorators import role_required
 from slotkeeper.domain import DomainError
@@ -114,12 +115,19 @@ def lease_context(request, lease: Lease) -> dict:
     }
 
 
+def page_context(request, lease: Lease, *, offers: bool = True) -> dict:
+    """A lease page's context: `lease_context` and what it shows of issue 48 (negotiation_views.py)."""
+    context = lease_context(request, lease)
+    reservations = [r for r, _ in context["reservations"]]
+    return {**context, **negotiation_context(lease, reservations, offers=offers)}
+
+
 @role_required("viewer")
 @vary_on_headers("HX-Request")
 def lease_detail(request, lease_id: int):
     lease = get_object_or_404(Lease, pk=lease_id)
     template = "leases/_lease_body.html" if request.htmx else "leases/detail.html"
-    return render(request, template, {**lease_context(request, lease), **negotiation_context(lease)})
+    return render(request, template, page_context(request, lease, offers=not request.htmx))
 
 
 @role_required("operator")
@@ -183,7 +191,7 @@ def lease_cancel(request, lease_id: int):
     lease = get_object_or_404(Lease, pk=lease_id)
     checked = forms.check_cancel(request.POST)
     if not checked.ok:
-        context = {**lease_context(request, lease), "cancel": checked}
+        context = {**page_context(request, lease), "cancel": checked}
         return render(request, "leases/detail.html", context, status=400)
     try:
         lease = actions.do_cancel_lease(
@@ -206,11 +214,20 @@ MAX_CHANGE_MIN = 7 * 24 * 60
 def lease_resubmit(request, lease_id: int):
     """A counter-offer taken: the rejected lease's request again, from the offered start."""
     lease = get_object_or_404(Lease, pk=lease_id)
-    start = parse_datetime(request.POST.get("start", ""))
-    if start is None or lease.type != "advance_reservation":
+    now = timezone.now()
+    try:
+        start = parse_datetime(request.POST.get("start", ""))
+    except ValueError:  # well-formed but not a date ("2030-02-30")
+        start = None
+    # As the API's start field reads it: a time with its zone, not in the past, not beyond how far ahead one books.
+    if (
+        start is None
+        or start.tzinfo is None
+        or not now <= start <= now + MAX_START_AHEAD
+        or lease.type != "advance_reservation"
+    ):
         messages.error(request, "That offer is not a time this lease can be asked for again.")
         return redirect("lease-detail", lease_id=lease.pk)
-    now = timezone.now()
     try:
         result = actions.do_submit_lease(request.user, actions.spec_of(lease, start=start), now=now)
     except DomainError as exc:
@@ -255,8 +272,7 @@ def lease_change_end(request, lease_id: int):
         return redirect("lease-detail", lease_id=lease.pk)
     lease.refresh_from_db()
     context = {
-        **lease_context(request, lease),
-        **negotiation_context(lease),
+        **page_context(request, lease),
         "change": {
             "answer": done.answer() if done is not None else None,
             "ok": done is not None and done.change.ok,

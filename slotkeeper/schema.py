@@ -137,12 +137,17 @@ def strings_as_read(result, generator, request, public):
     for name, component in result.get("components", {}).get("schemas", {}).items():
         if name.endswith("Request"):
             _patterned(component)
+    return result
+
+
+def inline_bodies_required(result, generator, request, public):
+    """drf-spectacular postprocessing hook: an inline request body that names what it requires (approve-many's and
+    the extension's oneOf) cannot be left out: no body is a 400, so the schema says the body is required
+    (Schemathesis sent none and was refused)."""
     for item in result.get("paths", {}).values():
         for operation in item.values():
             body = operation.get("requestBody") if isinstance(operation, dict) else None
             for media in (body or {}).get("content", {}).values():
-                # An inline body that names what it requires (approve-many's oneOf) cannot be left out: no body is
-                # a 400, so the schema says the body is required (Schemathesis sent none and was refused).
                 schema = media.get("schema", {})
                 if schema.get("required") or schema.get("oneOf"):
                     body["required"] = True

@@ -349,6 +349,7 @@ SPECTACULAR_SETTINGS = {
         "slotkeeper.schema.document_error_responses",
         "slotkeeper.schema.integer_path_ids",
         "slotkeeper.schema.strings_as_read",
+        "slotkeeper.schema.inline_bodies_required",
     ],
     "ENUM_NAME_OVERRIDES": {
         "NodeStatusEnum": "fleet.models.NodeStatus",

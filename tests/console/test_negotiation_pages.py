@@ -62,8 +62,16 @@ def test_a_rejected_reservation_lists_its_offers_and_a_bad_offer_is_refused(otto
     assert page.status_code == 200
     assert page.content.count(b"data-offer=") == 3 and b"wall" in page.content
     count = Lease.objects.count()
-    bad = otto.post(f"/leases/{rejected.pk}/resubmit", {"start": "not a time"})
-    assert bad.status_code == 302 and Lease.objects.count() == count
+    for start in (
+        "not a time",
+        "2030-02-30T00:00:00Z",
+        "2030-01-01T00:00:00",
+        "9999-12-31T23:00:00Z",
+        "2001-01-01T00:00:00Z",
+    ):
+        # Not a time, no zone, beyond how far ahead one books, in the past: refused, and no lease is stored.
+        bad = otto.post(f"/leases/{rejected.pk}/resubmit", {"start": start})
+        assert bad.status_code == 302 and Lease.objects.count() == count, start
 
 
 # -- rough edges of the console (issue 46, item 5) ------------------------------------------------------------------
@@ -107,3 +115,24 @@ def test_the_audit_export_writes_details_as_json(vera, fleet):
     response = vera.get("/audit.csv", {"action": "test.details"})
     rows = list(csv.reader(io.StringIO(b"".join(response.streaming_content).decode())))
     assert json.loads(rows[1][7]) == {"none": None, "ok": True}
+
+
+def test_a_live_refresh_of_a_rejected_reservation_does_not_search_for_offers_again(otto, fleet, monkeypatch):
+    from leases import negotiating
+
+    start = timezone.now() + timedelta(hours=3)
+    wall = actions.LeaseSpec(
+        name="wall", type="advance_reservation", duration_s=3600, vnodes=[vm(cores=4)] * 3, start=start
+    )
+    actions.do_submit_lease(None, wall, now=timezone.now())
+    late = actions.LeaseSpec(
+        name="late", type="advance_reservation", duration_s=600, vnodes=[vm(cores=4)], start=start
+    )
+    rejected = actions.do_submit_lease(None, late, now=timezone.now()).lease
+    asked = []
+    real = negotiating.counter_offers
+    monkeypatch.setattr(negotiating, "counter_offers", lambda *a, **k: asked.append(1) or real(*a, **k))
+    otto.get(f"/leases/{rejected.pk}/", headers={"HX-Request": "true"})
+    assert asked == []  # the body it re-renders shows no offers
+    otto.get(f"/leases/{rejected.pk}/")
+    assert asked == [1]
