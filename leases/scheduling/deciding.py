@@ -12,6 +12,7 @@ PURE: no Django.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Mapping
 from dataclasses import replace
 
@@ -120,7 +121,7 @@ class Deciding(Explaining):
         The search is bounded for a busy fleet: a candidate start is decided only over the nodes free for the
         whole window (a node that cannot hold the smallest VM then cannot hold any), and only when there are
         enough of them; otherwise it jumps to the first instant at which enough nodes are each free for the whole
-        window (`SlotTable.earliest_fit`, kept per node and asked again only for the nodes the start passes).
+        window (`SlotTable.earliest_fits`, every node's at once, asked again only when the start passes one).
         OFFER_TRIES candidates at most."""
         if req.type != ADVANCE_RESERVATION or req.start is None:
             return []
@@ -133,22 +134,15 @@ class Deciding(Explaining):
             return []
         wanted = -(-len(req.vnodes) // most)
         # Each node's earliest start of a window it is free for (for the smallest VM), from the candidate on; a
-        # node's stays right until the candidate passes it, so only those are asked again.
+        # node's stays right until the candidate passes it, so they are asked again only then.
         start, offers = max(req.start, now), []
-        table = self.table
-        earliest: dict[int, float] = {}
-        for n in nodes:
-            t = table.earliest_fit(n, shape, span, start)
-            if t is not None:
-                earliest[n] = t
+        usable_set = set(nodes)
+        earliest: dict[int, float] | None = None
         try:
             for _ in range(OFFER_TRIES):
-                for n in [n for n, t in earliest.items() if t < start]:
-                    t = table.earliest_fit(n, shape, span, start)
-                    if t is None:
-                        del earliest[n]
-                    else:
-                        earliest[n] = t
+                if earliest is None or min(earliest.values(), default=math.inf) < start:
+                    fits = self.table.earliest_fits(shape, span, start)
+                    earliest = {n: t for n, t in fits.items() if n in usable_set}
                 free = [n for n, t in earliest.items() if t == start]
                 trial = None
                 if len(free) >= wanted:

@@ -514,8 +514,30 @@ def test_every_query_agrees_with_a_scan_of_all_reservations(built, qs):
         assert table.fits(node, need, t, t + length) is naive.fits(node, need, t, t + length)
         assert table.fits_until(node, need, t) == naive.fits_until(node, need, t)
         assert table.earliest_fit(node, need, length, t) == naive.earliest_fit(node, need, length, t)
+        every = {n: naive.earliest_fit(n, need, length, t) for n in CAP}
+        assert table.earliest_fits(need, length, t) == {n: f for n, f in every.items() if f is not None}
         expected = [r for r in naive.rows.values() if r.overlaps(t, t + length)]
         assert table.reservations(t, t + length) == sorted(expected, key=lambda r: (r.start, r.rid))
+
+
+@settings(max_examples=200, deadline=None)
+@given(tables, st.lists(queries, min_size=1, max_size=4), st.lists(candidate, min_size=1, max_size=4))
+def test_every_nodes_earliest_fit_at_once_follows_the_writes_between_questions(built, qs, more):
+    """`earliest_fits` keeps each node's free runs between questions: a write must drop them."""
+    table, naive = build(*built)
+    for rid, ((_, need, t, length), (start, span, alloc)) in enumerate(zip(qs, more, strict=False), 1000):
+        every = {n: naive.earliest_fit(n, need, length, t) for n in CAP}
+        assert table.earliest_fits(need, length, t) == {n: f for n, f in every.items() if f is not None}
+        r = Reservation(rid, rid % 3, "vm", start, start + span, alloc)
+        if span and all(naive.fits(n, use, r.start, r.end) for n, use in alloc.items()):
+            table.add(r)
+            naive.rows[rid] = r
+        elif naive.rows:
+            gone = sorted(naive.rows)[0]
+            table.remove(gone)
+            del naive.rows[gone]
+        every = {n: naive.earliest_fit(n, need, length, t) for n in CAP}
+        assert table.earliest_fits(need, length, t) == {n: f for n, f in every.items() if f is not None}
 
 
 @settings(max_examples=200, deadline=None)
