@@ -42,6 +42,7 @@ from django.db.models import Q
 from leases.lifecycle import LeaseState
 from leases.models import Lease, SchedulerState
 from leases.scheduler import Estimate, Scheduler, Snapshot, forecast, snapshot
+from leases.scheduling.calibration import KEPT, Likely, WaitCalibration
 from slotkeeper import events, metrics, planlock
 from slotkeeper.bulk import Row, update_many
 
@@ -60,7 +61,7 @@ _per_unit_s = INLINE_BUDGET_S / INLINE_WORK
 LIMIT = 5_000
 EVERY_S = 60.0
 STATE_FIELDS = ("forecast_at", "forecast_signature", "forecast_stale", "forecast_version")
-ESTIMATE_FIELDS = ["estimated_start", "estimated_end", "estimate_note"]
+ESTIMATE_FIELDS = ["estimated_start", "estimated_end", "estimate_note", "first_estimate"]
 QUEUED = (LeaseState.QUEUED.value, LeaseState.SUSPENDED_QUEUED.value)
 # An arbitrary constant: the session advisory lock a process holds while it may compute a large forecast.
 RUNNER_LOCK_ID = 0x5107_F0CA
@@ -248,9 +249,9 @@ def write(estimates: Mapping[int, Estimate]) -> int:
 def _changed(estimates: Mapping[int, Estimate]) -> list[Row]:
     current = Lease.objects.filter(
         Q(state__in=QUEUED) | Q(estimated_start__isnull=False) | ~Q(estimate_note="")
-    ).values_list("pk", "estimated_start", "estimated_end", "estimate_note")
+    ).values_list("pk", "estimated_start", "estimated_end", "estimate_note", "first_estimate", "first_start")
     rows = []
-    for pk, start, end, note in current:
+    for pk, start, end, note, first, started in current:
         e = estimates.get(pk)
         want = (
             (None, None, "")
@@ -262,8 +263,33 @@ def _changed(estimates: Mapping[int, Estimate]) -> list[Row]:
             )
         )
         if (start, end, note) != want:
-            rows.append(Row(pk=pk, estimated_start=want[0], estimated_end=want[1], estimate_note=want[2]))
+            # The first estimate a lease is given before it ever runs stays: what it was told, for the calibration
+            # (issue 48); a lease queued again after running is not waiting from its submission.
+            kept = first if first is not None or e is None or started is not None else want[0]
+            rows.append(
+                Row(
+                    pk=pk,
+                    estimated_start=want[0],
+                    estimated_end=want[1],
+                    estimate_note=want[2],
+                    first_estimate=kept,
+                )
+            )
     return rows
+
+
+def likely_start(estimated: datetime, now: datetime) -> Likely | None:
+    """A queued lease's likely start and range, from how the last KEPT leases queued at submission waited against
+    their first estimate (leases/scheduling/calibration.py); None when too few have started yet to say."""
+    seen = (
+        Lease.objects.filter(first_estimate__isnull=False, first_start__isnull=False)
+        .order_by("-first_start")
+        .values_list("submitted_at", "first_estimate", "first_start")[:KEPT]
+    )
+    calibration = WaitCalibration().observe_all(
+        (submitted.timestamp(), first.timestamp(), started.timestamp()) for submitted, first, started in seen
+    )
+    return calibration.likely(now.timestamp(), estimated.timestamp())
 
 
 def _moment(t: float | None) -> datetime | None:

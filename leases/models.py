@@ -78,6 +78,9 @@ class Lease(models.Model):
     estimated_start = models.DateTimeField(null=True, blank=True)
     estimated_end = models.DateTimeField(null=True, blank=True)
     estimate_note = models.CharField(max_length=300, blank=True, default="")
+    # The forecast's first estimated start of a lease queued at submission, kept after it starts: the calibration
+    # of later estimates compares it with first_start (leases/scheduling/calibration.py).
+    first_estimate = models.DateTimeField(null=True, blank=True, editable=False)
 
     # Instance policy (seed 003): restarts, reschedules, and what the agent runs.
     migratable = models.BooleanField(default=True)
@@ -100,7 +103,15 @@ class Lease(models.Model):
 
     class Meta:
         ordering = ["-submitted_at", "-id"]
-        indexes = [models.Index(fields=["state"], name="lease_state_idx")]
+        indexes = [
+            models.Index(fields=["state"], name="lease_state_idx"),
+            # The calibration's read: the latest leases that started after a queue forecast's estimate.
+            models.Index(
+                fields=["-first_start"],
+                condition=Q(first_estimate__isnull=False),
+                name="lease_estimated_started_idx",
+            ),
+        ]
         constraints = [
             models.UniqueConstraint(
                 fields=["submitted_by", "idempotency_key"],

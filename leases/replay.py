@@ -29,6 +29,7 @@ from leases.scheduler import (
     SchedulerConfig,
     forecast,
 )
+from leases.scheduling.calibration import Likely, WaitCalibration
 from leases.slottable import Res
 from leases.traces import Trace, TraceLease, merge_traces, parse_resources, read_trace
 
@@ -140,10 +141,18 @@ class ForecastAccuracy:
     queued_errors: list[float] = field(default_factory=list)
     no_estimate: int = 0  # submitted with no estimate at all (a forecast that could not place it)
     never_started: int = 0
+    # The queued leases that got a calibrated range at submission (leases/scheduling/calibration.py): the
+    # likely start's error, the forecast's own error for the same leases, and whether the start fell in the range.
+    likely_errors: list[float] = field(default_factory=list)
+    likely_baseline: list[float] = field(default_factory=list)
+    in_range: int = 0
 
     def summary(self) -> dict[str, Any]:
+        covered = self.in_range / len(self.likely_errors) if self.likely_errors else None
         return {**_accuracy(self.errors, self.late), "no_estimate": self.no_estimate,
-                "never_started": self.never_started, "queued": _accuracy(self.queued_errors, [])}  # fmt: skip
+                "never_started": self.never_started, "queued": _accuracy(self.queued_errors, []),
+                "likely": {**_accuracy(self.likely_errors, []), "range_coverage": covered},
+                "likely_baseline": _accuracy(self.likely_baseline, [])}  # fmt: skip
 
 
 def _accuracy(errors_in: list[float], late_in: list[float]) -> dict[str, Any]:
@@ -190,6 +199,12 @@ def replay(
     )
     estimated: dict[int, float | None] = {}
     queued_at_submission: set[int] = set()
+    # Learnt as leases start, as the console learns it from leases that have started (never from the future).
+    calibration = WaitCalibration()
+    likely: dict[int, Likely | None] = {}
+    waiting: dict[
+        int, tuple[float, float]
+    ] = {}  # queued at submission, not started yet: (submitted, estimate)
     i = steps = 0
     while True:
         t = _next_time(sched, pending, i)
@@ -205,9 +220,15 @@ def replay(
             sched.submit(to_request(lease), t, defer=True)
         sched.advance(t)
         if accuracy is not None:
-            _estimate(
-                sched, [x.id for x in batch if x.type == BEST_EFFORT], t, estimated, queued_at_submission
-            )
+            for lid in [lid for lid in waiting if sched.leases[lid].first_start is not None]:
+                calibration.observe(*waiting.pop(lid), sched.leases[lid].first_start)  # type: ignore[arg-type]
+            new = [x.id for x in batch if x.type == BEST_EFFORT]
+            _estimate(sched, new, t, estimated, queued_at_submission)
+            for lid in new:
+                est = estimated.get(lid)
+                if lid in queued_at_submission and est is not None:
+                    waiting[lid] = (t, est)
+                    likely[lid] = calibration.likely(t, est)
         sched.take_changes()
         steps += 1
         if check:
@@ -228,6 +249,11 @@ def replay(
                 accuracy.late.append(actual - est)
                 if lid in queued_at_submission:
                     accuracy.queued_errors.append(abs(actual - est))
+                seen = likely.get(lid)
+                if seen is not None:
+                    accuracy.likely_errors.append(abs(actual - seen.start))
+                    accuracy.likely_baseline.append(abs(actual - est))
+                    accuracy.in_range += seen.low <= actual <= seen.high
     return ReplayResult(trace, sched, metrics(sched), steps)
 
 

@@ -20,7 +20,7 @@ from fleet.views import sort_verdicts
 from leases import actions, forms, slotchart
 from leases.lifecycle import TERMINAL_LEASE_STATES
 from leases.models import Group, Lease, LeaseType, Reservation
-from leases.negotiation_views import negotiation_context
+from leases.negotiation_views import ending_context, negotiation_context
 from leases.request_rules import MAX_START_AHEAD
 from leases.slot_marks import fits, when
 from slotkeeper.decorators import role_required
@@ -57,6 +57,7 @@ def slot_table(request):
         "later": (window.start + span / 2).isoformat(),
         "following_now": window.following_now,
         **estimate_context(window.start, window.end),
+        **ending_context(timezone.now()),
     }
     template = "leases/_slot_table.html" if request.htmx else "leases/slots.html"
     return render(request, template, context)

@@ -4,6 +4,7 @@ the event); an extension moves the end and gets a notice of its own; 0 asks for 
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -89,3 +90,26 @@ def test_the_tick_sends_it(operator, fleet):
     lease = submit(operator, "job", notify_before_s=86_400)
     periodic.tick(timezone.now())
     assert len(notices(lease["id"])) == 1
+
+
+def test_the_slot_table_counts_down_to_the_ends_whose_notice_went_out(operator, fleet):
+    from tests.console.conftest import signed_in
+
+    soon = submit(operator, "soon", notify_before_s=86400)  # its notice is due at once
+    later = submit(operator, "later", notify_before_s=60)
+    browser = signed_in("vera", "viewer")
+
+    def countdown() -> str:
+        found = re.search(
+            r'<section class="ending-soon".*?</section>', browser.get("/slots/").content.decode(), re.S
+        )
+        return found[0] if found else ""
+
+    assert countdown() == "", "no notice has gone out yet"
+    assert actions.notify_ending(timezone.now()) == 1
+    shown = countdown()
+    assert f"lease {soon['id']} soon</a> ends in <strong data-countdown>" in shown
+    assert f"lease {later['id']} later" not in shown
+    response = operator.post(f"/api/leases/{soon['id']}/cancel", {"reason": "done early"}, format="json")
+    assert response.status_code == 200, response.content
+    assert countdown() == "", "a lease that ended counts down no more"

@@ -194,7 +194,13 @@ class Command(BaseCommand):
             f"  queue forecast, {runs}: estimated start at submission against the actual start "
             f"(no estimate {a['no_estimate']}, never started {a['never_started']})"
         )
-        for label, part in (("every best-effort lease", a), ("queued at submission", a["queued"])):
+        parts = (
+            ("every best-effort lease", a),
+            ("queued at submission", a["queued"]),
+            ("  of those with a likely range, the estimate", a["likely_baseline"]),
+            ("  the likely start (calibrated)", a["likely"]),
+        )
+        for label, part in parts:
             if not part["leases"]:
                 self.stdout.write(f"    {label}: none")
                 continue
@@ -202,6 +208,10 @@ class Command(BaseCommand):
                 f"    {label} ({part['leases']}): within 1 min {part['within_1_min']:.1%}, 10 min "
                 f"{part['within_10_min']:.1%}, 1 h {part['within_1_h']:.1%}; absolute error median "
                 f"{part['median_abs_error_s']:.0f} s, p90 {part['p90_abs_error_s']:.0f} s"
+            )
+        if a["likely"]["leases"]:
+            self.stdout.write(
+                f"    actual start inside the likely range: {a['likely']['range_coverage']:.1%}"
             )
 
     def _print(self, result: ReplayResult) -> None:
