@@ -266,7 +266,7 @@ from slotkeeper import consumers
 consumers.COALESCE_S = 0.05
 """,
     # Not a fix: the project as it is, under cProfile, each Daphne writing its profile when it stops (how the
-    # costs per console message in BENCHMARKS.md were found). Read with pstats.
+    # costs per console message in docs/benchmarks/console-ws.md were found). Read with pstats.
     "bench_ws_profile.py": """import atexit
 import cProfile
 import os

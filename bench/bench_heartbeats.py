@@ -15,7 +15,7 @@ then runs each phase for a fixed time and prints accepted heartbeats/s with p50/
   the distributed deployment's shape, with the connections split between them).
 - the same with DB_POOL=0 ("no pool"): a new PostgreSQL connection per request, as before the connection pool
   (issue 12, item 5); CONN_MAX_AGE is 0 in both (persistent connections piled up one per Daphne thread until
-  PostgreSQL refused clients: the 500s of the first run in docs/BENCHMARKS.md).
+  PostgreSQL refused clients: the 500s of the first run in docs/benchmarks/heartbeats.md).
 
 A steady fleet revisits each node every few seconds, so a heartbeat usually finds its node's token in the web
 process's cache (slotkeeper.auth.node_tokens, 30 s); with many nodes and a short phase every heartbeat is a first

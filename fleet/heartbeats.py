@@ -1,10 +1,10 @@
 """Buffered heartbeats: what a node reported, held in this process until the next flush, and the flush's
 set-based write of the latest health of many nodes at once.
 
-Why: one transaction per heartbeat costs a WAL flush and a Django round of statements each (docs/BENCHMARKS.md,
-"Heartbeats": 1,349/s from raw psycopg one at a time, 9,793/s a hundred to a transaction). A steady node's
-heartbeat changes nothing but its health columns, so the HTTP fast path (slotkeeper/heartbeat_route.py) answers
-it at once and leaves it here; every HEARTBEAT_FLUSH_S the flusher writes the batch with one UPDATE and one
+Why: one transaction per heartbeat costs a WAL flush and a Django round of statements each
+(docs/benchmarks/heartbeats.md, run 1: 1,349/s from raw psycopg one at a time, 9,793/s a hundred to a transaction). A
+steady node's heartbeat changes nothing but its health columns, so the HTTP fast path (slotkeeper/heartbeat_route.py)
+answers it at once and leaves it here; every HEARTBEAT_FLUSH_S the flusher writes the batch with one UPDATE and one
 INSERT (leases/instances/actions/heartbeats.py composes the flush with the instance reports, which fleet does not
 know). What must not wait is not buffered: a node whose status changes (offline -> online) or that is unknown to
 this process goes the full way at once, and whatever the flush finds changed under it (token rotated, node fenced,

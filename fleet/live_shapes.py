@@ -2,8 +2,8 @@
 request's VMs are checked against before the request is stored ("exceeds the largest node", a 400).
 
 Reading them is a scan of every node row, and it was the costliest statement of a lease burst: 0.44 ms of the
-database's time a request at 1,000 nodes, 39 % of all it spent (pg_stat_statements, docs/BENCHMARKS.md). A fleet's
-shapes change when a node is registered, changes its figures, is deleted, or dies or comes back: rarely. So a
+database's time a request at 1,000 nodes, 39 % of all it spent (pg_stat_statements, docs/benchmarks/burst-http.md). A
+fleet's shapes change when a node is registered, changes its figures, is deleted, or dies or comes back: rarely. So a
 process keeps the answer for SHAPES_TTL_S, and forgets it at once when it writes a node itself (a saved or deleted
 Node, and again when that write commits).
 

@@ -176,8 +176,8 @@ class JSONTextField(models.JSONField):
 
     On PostgreSQL a JSONField is jsonb, which the server parses into its own binary form on every write. For a
     1,000-node placement report (about 18 KiB of JSON, written by every decision) that was about 1 ms of server
-    time an INSERT, against 0.15 ms as text compressed the same way (docs/BENCHMARKS.md, "Placement reports
-    stored as text"). Nothing asks the database about the inside of such a document; SQL reads it with
+    time an INSERT, against 0.15 ms as text compressed the same way (docs/benchmarks/burst.md, "Placement
+    reports stored as text"). Nothing asks the database about the inside of such a document; SQL reads it with
     `column::jsonb`. Key transforms and JSON lookups are therefore not offered (the database could not answer
     them on text): only `isnull`. On SQLite a JSONField is text already, checked by JSON_VALID as before."""
 

@@ -62,7 +62,7 @@ def states_from_rows(now: datetime) -> list[capacity.NodeState]:
 class _Facts:
     """What one fleet row says that does not move with the clock, worked out once per distinct row: between two
     reads a heartbeating fleet changes a few dozen of its 1,000 rows, and each of these was a step per node per
-    read (docs/BENCHMARKS.md, "The fleet read remembers its rows")."""
+    read (docs/benchmarks/preview.md, "The fleet read remembers its rows")."""
 
     fields: dict[str, Any]  # the NodeState's fields but its age
     seen: float | None  # the last heartbeat, epoch seconds
@@ -128,11 +128,11 @@ CAPABILITY_SETS_KEPT = 10_000
 
 def read_fleet(now: datetime) -> FleetRead:
     """The fleet as NodeStates straight from tuples, without claims and without model objects: what the plan
-    applier needs on every pass. The last heartbeat comes as epoch seconds and the capabilities as their JSON
-    text: at 1,000 nodes, converting a datetime and a JSON list per row cost more than the query (docs/BENCHMARKS.md,
-    "Placement preview", run 3). The statement is compiled once per database and its rows fetched from the cursor
-    as they come: Django's row iterator was another 0.6 ms per pass. A row the last read found too is not parsed
-    again: its facts are remembered, and only its age is worked out from `now`."""
+    applier needs on every pass. The last heartbeat comes as epoch seconds and the capabilities as their JSON text: at
+    1,000 nodes, converting a datetime and a JSON list per row cost more than the query (docs/benchmarks/preview.md,
+    run 3). The statement is compiled once per database and its rows fetched from the cursor as they come: Django's
+    row iterator was another 0.6 ms per pass. A row the last read found too is not parsed again: its facts are
+    remembered, and only its age is worked out from `now`."""
     global _facts_of
     now_s = now.timestamp()
     known = _facts_of

@@ -3,10 +3,10 @@ instance rows of its vnodes with their history, the groups it belongs to, and al
 reschedules belong to the instances package (leases/instances/models.py).
 
 Text indexes: a text column is indexed in `Meta.indexes` (and made unique in `Meta.constraints`), not with
-`db_index=True` or `unique=True`. On PostgreSQL those also build a second index on the column
-(`varchar_pattern_ops`, for `LIKE 'x%'`), which no query here asks and every insert and state change pays: a
-planning pass wrote about 70 index entries a lease request, ten of them into such indexes (docs/BENCHMARKS.md).
-A foreign key that a composite index leads with has no index of its own, for the same reason."""
+`db_index=True` or `unique=True`. On PostgreSQL those also build a second index on the column (`varchar_pattern_ops`,
+for `LIKE 'x%'`), which no query here asks and every insert and state change pays: a planning pass wrote about 70
+index entries a lease request, ten of them into such indexes (docs/benchmarks/pass-cost.md). A foreign key that a
+composite index leads with has no index of its own, for the same reason."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Every `POST /api/leases/` is validated before its pass, and building DRF's LeaseCreateSerializer alone (a deep
 copy of its declared fields, the nested vnode serializer's among them) was about a tenth of a minimal answer's
-Daphne time (docs/BENCHMARKS.md, "A lease request's body checked without building its serializer"). Most
+Daphne time (docs/benchmarks/burst-http.md, "A lease request's body checked without building its serializer"). Most
 requests are the plain shape: a name, a type, a duration, a few VMs, perhaps capabilities, groups and flags. This
 module checks that shape by the serializer's own bounds and returns the serializer's validated data, in the
 serializer's key order and types; anything else (a restart policy, a driver spec, the process driver, a

@@ -195,7 +195,7 @@ PRUNE_EVERY = 100
 # The most waiting intents one pass plans: a pass stays bounded however deep the queue, and the rest wait for
 # the next one. A pass of 1,000 holds the plan lock about 1 s at 1,000 nodes on a two-core host (a tenth of
 # PLAN_LOCK_TIMEOUT_S); against 500, a 10,000-request burst needs half the passes, and so half their fixed cost
-# (the commit's flush, the fleet read, the queue run): 9.6-9.7 s against 10.1-10.3 s (docs/BENCHMARKS.md).
+# (the commit's flush, the fleet read, the queue run): 9.6-9.7 s against 10.1-10.3 s (docs/benchmarks/burst.md).
 MAX_BATCH = 1000
 # A pass's reports and audit rows are written this many at a time, pipelined with building the next ones.
 REPORT_CHUNK = 100

@@ -162,7 +162,8 @@ def authenticate_token(raw: str):
         return NodeAgent(node_id=node.pk, node_name=node.name), node
     # The token, its user and the user's group names in one statement (a row per group): the role check that
     # follows every authentication then asks nothing more. Compiled once (slotkeeper/statements.py): building
-    # and compiling the queryset was most of an API request's authentication (docs/BENCHMARKS.md).
+    # and compiling the queryset was most of an API request's authentication (docs/benchmarks/burst-http.md,
+    # the nineteenth session).
     alias = router.db_for_read(ApiToken)
     token_fields, user_fields = _token_columns()
     rows = statements.template(alias, "auth.api_token", _token_query, _DIGEST_MARKER).rows(alias, digest)

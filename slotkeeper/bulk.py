@@ -175,7 +175,8 @@ def pipelined() -> Iterator[None]:
     transaction as before. Elsewhere (SQLite, in process) a plain block.
 
     For a pass's reports and audit rows, built in chunks: the server writes one chunk while the next is built on
-    the other core, instead of this process waiting for each INSERT at the end (docs/BENCHMARKS.md).
+    the other core, instead of this process waiting for each INSERT at the end (docs/benchmarks/burst.md,
+    the eighteenth session).
 
     Only this module's writes belong inside. A statement through Django's cursor is refused, on every database
     so that what passes on SQLite passes on PostgreSQL: in pipeline mode a cursor's row count reads -1 until
@@ -307,7 +308,7 @@ def _unchanged(field) -> Callable[[object], bool] | None:
     Besides the plain types: an aware `datetime` in a DateTimeField without auto_now(_add), which the field only
     checks for awareness and PostgreSQL's operations hand on as they are (a naive one is made aware, with a
     warning, so it is prepared); every row of a pass carries one or two, and preparing them was about a seventh
-    of writing a pass's rows (docs/BENCHMARKS.md, "Lease requests over HTTP: one hand-off per request")."""
+    of writing a pass's rows (docs/benchmarks/burst.md, the eighth session's "In the pass")."""
     plain = _plain(field)
     if plain is not None:
         return lambda value: type(value) is plain

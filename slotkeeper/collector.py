@@ -5,7 +5,7 @@ With CPython's defaults (a young collection every 700 allocations, an old one ev
 survivors have grown by a quarter), a web process holding the scheduler's plan at 1,000 nodes spent 30-40 ms of
 the collector per lease decision and paused for a full collection of up to 220 ms every few decisions: a planning
 pass leaves thousands of survivors, so the full collections came often and walked the whole heap, whichever
-request or heartbeat was running (docs/BENCHMARKS.md, "Placement reports", the collector run).
+request or heartbeat was running (docs/benchmarks/reports.md, the fifth session's run).
 
 So, once start-up is done:
 - what start-up built (modules, classes, settings, URL patterns: alive as long as the process) is frozen out of
@@ -19,7 +19,7 @@ Nothing is disabled: reference counting frees most objects at once, and every ge
 What the collector costs is on /metrics, per generation (`watch`): `slotkeeper_gc_collections_total`,
 `slotkeeper_gc_seconds_total` (the time collections took, during which the process runs nothing else) and
 `slotkeeper_gc_collected_objects_total` (cyclic garbage found). In a burst of lease requests at 1,000 nodes it was
-about a tenth of a Daphne's CPU (docs/BENCHMARKS.md, the twenty-sixth session).
+about a tenth of a Daphne's CPU (docs/benchmarks/burst-http.md, the twenty-sixth session).
 """
 
 from __future__ import annotations

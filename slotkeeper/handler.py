@@ -4,15 +4,15 @@ Django runs an async-capable stack under ASGI, and its own middleware (security,
 authentication, messages, clickjacking) are `MiddlewareMixin`s: each `process_request` and `process_response`
 is then a `sync_to_async` hop of its own: 17 thread hand-offs for one API read (tests/test_handler.py). This
 handler builds the stack as the WSGI and test-client handlers do, sync from end to end, and enters it with one
-hop: the same middleware in the same order, 3 hand-offs (two are Django's request signals; docs/BENCHMARKS.md,
-"Lease requests over HTTP: one hand-off per request"). Every view of ours is sync; an async one would still work, through
-Django's own `async_to_sync` around it.
+hop: the same middleware in the same order, 3 hand-offs (two are Django's request signals;
+docs/benchmarks/burst-http.md, "Lease requests over HTTP: one hand-off per request"). Every view of ours is sync; an
+async one would still work, through Django's own `async_to_sync` around it.
 
 Those hand-offs go to one thread per request, as Django's handler sends them (the view's database connection
 lives there and `request_finished` closes it there). Django's handler starts a new thread for every request and
 joins it after; here the request's thread is taken from the ones earlier requests left idle and given back after,
 as a WSGI server's worker threads are: starting and joining a thread was 5-8 % of a Daphne's time under a burst
-of lease requests (docs/BENCHMARKS.md, "A request's thread kept for the next one").
+of lease requests (docs/benchmarks/burst-http.md, "A request's thread kept for the next one").
 """
 
 from __future__ import annotations
@@ -108,13 +108,13 @@ class OneHopASGIHandler(ASGIHandler):
 
         Django sends `request_started` (one hop), runs the stack (a second) and, once the body is sent, closes the
         response (a third, which sends `request_finished`). Each hop wakes the request's thread and then the event
-        loop, and under a burst those wake-ups were the largest single item of a Daphne's time holding the
-        interpreter lock (docs/BENCHMARKS.md, "One hand-off a request"). Here all three run in one call on the
+        loop, and under a burst those wake-ups were the largest single item of a Daphne's time holding the interpreter
+        lock (docs/benchmarks/burst-http.md, "one hand-off a request"). Here all three run in one call on the
         request's thread: a response that is not streamed is complete once the stack returns it, so it is closed
-        there, before its bytes go out (its body stays readable), and the connection is given back just as early.
-        A streamed response is closed after sending, as Django does. A client that goes away cancels the wait as
-        in Django, and the handler returns at once; the view runs to its end on its thread, which then closes
-        the response and the request's body."""
+        there, before its bytes go out (its body stays readable), and the connection is given back just as early. A
+        streamed response is closed after sending, as Django does. A client that goes away cancels the wait as in
+        Django, and the handler returns at once; the view runs to its end on its thread, which then closes the
+        response and the request's body."""
         try:
             body_file = await self.read_body(receive)
         except RequestAborted:

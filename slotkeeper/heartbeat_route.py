@@ -1,7 +1,7 @@
 """The agent's heartbeat, answered in front of Django when nothing about it needs Django.
 
 `POST /api/nodes/{id}/heartbeat` is most of the traffic a fleet sends (10,000 nodes at a 5 s interval are 2,000 a
-second), and Django's request cycle alone costs more than that on two cores (docs/BENCHMARKS.md, "Heartbeats").
+second), and Django's request cycle alone costs more than that on two cores (docs/benchmarks/heartbeats.md).
 This ASGI route answers the common heartbeat itself: a node token this process resolved recently
 (slotkeeper.auth.node_tokens; a token it has not seen it looks up itself, as the view's authentication does, on a
 thread), for the node in the path, whose remembered status is online or draining (so the

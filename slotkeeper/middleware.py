@@ -69,7 +69,7 @@ class ReleaseRenderedMiddleware(DualModeMiddleware):
     holds the response as `view.response`; the view and its request hold each other), so a response's `data`
     outlived the request until the collector found the cycle. A placement preview's data is a dict per node: at
     1,000 nodes about 3,000 containers a request, which piled up in the collector's middle generation and made
-    each of its passes 15-25 ms, a pause that landed in whichever request ran then (docs/BENCHMARKS.md, preview
+    each of its passes 15-25 ms, a pause that landed in whichever request ran then (docs/benchmarks/preview.md,
     run 5). Once the body is rendered neither is read again, so both are dropped here and reference counting
     frees the data as the request ends. (A serializer's `.data` is in a cycle of its own, with the serializer;
     the answers that carry a report build theirs with `leases.api.serializers.plain` instead.)"""

@@ -17,7 +17,7 @@ Each announcement names the requests its pass decided (in the NOTIFY payload aft
 list would not fit), and a woken waiter looks at its lease again only when a pass it has not yet looked after
 named it (`named_since`), or named nothing it could read. Before, every waiter read its lease at every pass:
 a burst's waiters asked the database again and again for rows still waiting, a quarter of the submitting
-processes' GIL time (docs/BENCHMARKS.md, "Lease burst: a victims search that cannot stall, a cheaper pass, fewer
+processes' GIL time (docs/benchmarks/burst.md, "Lease burst: a victims search that cannot stall, a cheaper pass, fewer
 looks"). An announcement from a process that names
 nothing (an older release) counts as naming everyone.
 

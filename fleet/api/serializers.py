@@ -349,8 +349,8 @@ class PreviewSerializer(StrictSerializer):
 class VerdictRows(serializers.ListSerializer):
     """A report's verdicts. The rows `PlacementReport.rows` decodes are already exactly this shape (the fields
     below, in JSON types), so they go out as they are: DRF's field-by-field representation of a 1,000-node
-    report's rows was a third of a Daphne process's time answering `POST /api/leases/` (docs/BENCHMARKS.md, "Lease
-    burst", the seventh session's run). A row of any other shape (reports stored before they were compact) goes
+    report's rows was a third of a Daphne process's time answering `POST /api/leases/` (docs/benchmarks/burst-http.md,
+    the seventh session's run). A row of any other shape (reports stored before they were compact) goes
     through the fields as before. Rows a compact report decoded (`reports.Rows`) are all of that shape by
     construction: the list goes out whole, without its 1,000 rows' keys compared."""
 

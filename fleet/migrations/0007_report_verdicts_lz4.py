@@ -2,7 +2,7 @@
 
 Every decision writes a report (a preview, a submission, an approval); at 1,000 nodes its verdicts are about 21 KiB
 of JSON, and the server spent 1.4 ms of an INSERT compressing them with pglz against 0.7 ms with lz4, for 19.5 KiB
-stored instead of 13.4 KiB (docs/BENCHMARKS.md, "Placement preview", run 5). Rows already written keep pglz, which
+stored instead of 13.4 KiB (docs/benchmarks/preview.md, run 5). Rows already written keep pglz, which
 reads as before. A server built without lz4 keeps pglz, and SQLite has no such setting."""
 
 from django.db import migrations

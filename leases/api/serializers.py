@@ -509,7 +509,7 @@ def plain(serializer_class, instance, **kwargs):
     it read, and a report its decoded rows), and the data points back at the serializer, whose fields point back
     at it: a reference cycle that kept a lease's placement reports (a dict per node, 1,000 of them at 1,000
     nodes) alive after the answer until the cyclic collector's next pass, which then paused whichever request ran
-    (docs/BENCHMARKS.md, "Lease burst", the seventh session's run). The representation alone is the same JSON."""
+    (docs/benchmarks/burst-http.md, the seventh session's run). The representation alone is the same JSON."""
     if kwargs.keys() <= {"many"}:
         return _shared(serializer_class, kwargs.get("many", False)).to_representation(instance)
     return serializer_class(**kwargs).to_representation(instance)  # the serializer never holds the instance

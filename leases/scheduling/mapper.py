@@ -497,9 +497,9 @@ class HostOrder:
     more are the others taken: the nodes with room, ordered by the score columns kept for the start across
     mapping attempts (`Summaries`: a batch of submissions shares its `now`), which read again only the nodes
     written to since. A burst on a large fleet places most leases on idle nodes, and scoring every node for every
-    mapping attempt was four-fifths of the pure cost of a submission (docs/BENCHMARKS.md, "Lease burst"). The
+    mapping attempt was four-fifths of the pure cost of a submission (docs/benchmarks/burst.md and mapper.md). The
     columns are kept per start, not per window: a ranking kept per (start, duration) was built again for every
-    duration a burst asks for (docs/BENCHMARKS.md, "The host order's rest from the score columns").
+    duration a burst asks for (docs/benchmarks/burst.md, the fifteenth session).
 
     Every reservation uses some cpu, memory or disk on each of its nodes (a VM always does), so "nothing
     reserved" and "no use in those three" are the same; tests/leases/test_host_order.py checks the two orders
@@ -572,8 +572,8 @@ class HostOrder:
         m, req, start, duration = self._mapper, self._req, self._start, self._duration
         # Idle over the window and, empty, large enough for the smallest vnode in the columns' dimensions (cpu,
         # memory, disk), both over the whole fleet at once: a report lists every such node, and testing each one
-        # in Python was about 7 % of a submission's CPU in a burst on an empty fleet (docs/BENCHMARKS.md, "Lease
-        # requests over HTTP: one hand-off per request", in the pass).
+        # in Python was about 7 % of a submission's CPU in a burst on an empty fleet (docs/benchmarks/burst.md, the
+        # eighth session's "In the pass").
         idle = arrays.busy_from(start) >= start + duration
         idle &= (arrays.caps >= np.array((smallest.cpu, smallest.mem, smallest.disk), np.int64)).all(axis=1)
         skipped = m._ruled_out(req)

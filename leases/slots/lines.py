@@ -34,7 +34,7 @@ class Line:
 
     A column no reservation has used yet is kept empty rather than as zeros (`live` lists the kept ones):
     on most fleets disk and network stay at zero, and keeping five columns in step on every write was the
-    largest cost of the 30-day replay (docs/BENCHMARKS.md). An empty column reads as zero everywhere.
+    largest cost of the 30-day replay (docs/benchmarks/replay.md). An empty column reads as zero everywhere.
     """
 
     __slots__ = ("cols", "live", "live_cols", "refs", "rids", "times")

@@ -24,12 +24,13 @@ class RoomCounts:
 
     The scheduler asks "could this lease start at t at all" for every queued lease at every event; summing
     over all 144 Blue Horizon nodes each time, after every change had wiped the answers, was the top of the
-    30-day replay's profile (docs/BENCHMARKS.md). The counts come from the caller (`count(nodes)` -> {node: copies}), so this
-    knows nothing about resources; the caller says which nodes a change touched and which instants are over.
+    30-day replay's profile (docs/benchmarks/replay.md). The counts come from the caller (`count(nodes)` -> {node:
+    copies}), so this knows nothing about resources; the caller says which nodes a change touched and which instants
+    are over.
     """
 
     # Touched nodes go to a log rather than into every entry: with hundreds of live (instant, unit) entries,
-    # marking each entry at every table change cost more than the recounts (docs/BENCHMARKS.md, replay). An
+    # marking each entry at every table change cost more than the recounts (docs/benchmarks/replay.md). An
     # entry remembers how far into the log it is up to date and reads the rest when it is next asked.
     __slots__ = ("_base", "_entries", "_log")
 
@@ -80,8 +81,8 @@ class RoomCounts:
     def with_room(self, t: float, unit: Res, nodes: Iterable[int], count: _Count) -> set[int]:
         """The nodes whose count is above zero, up to date; the caller must not change the set. Kept once asked
         for, each change reading only the nodes it touched: on a busy fleet few nodes have room, and finding them
-        among all the counts read every node's count for every lease that queues (docs/BENCHMARKS.md, "Placement
-        reports stored as text")."""
+        among all the counts read every node's count for every lease that queues (docs/benchmarks/burst.md,
+        "Placement reports stored as text")."""
         entry = self._current(t, unit, nodes, count)
         if entry[4] is None:
             entry[4] = {node for node, copies in entry[1].items() if copies > 0}
