@@ -47,15 +47,25 @@ def offers(plan: store.Planning, req: LeaseRequest) -> dict[str, Any]:
 def counter_offers(lease: Lease, now: datetime) -> dict[str, Any] | None:
     """The counter-offers for a rejected advance reservation (its row as the pass left it), or None when none
     apply (another type, or no node could ever take it)."""
-    if lease.type != "advance_reservation" or lease.requested_start is None:
-        return None
-    groups = reads.lease_groups(lease)
+    return counter_offers_many([lease], now).get(lease.pk)
+
+
+def counter_offers_many(leases: list[Lease], now: datetime) -> dict[int, dict[str, Any]]:
+    """`counter_offers` of several rejected leases (a lease array's), asked of one plan: {lease id: offers} for
+    those they apply to. Each is asked as if it arrived alone: one's offer may be another's too."""
+    wanted = [x for x in leases if x.type == "advance_reservation" and x.requested_start is not None]
+    if not wanted:
+        return {}
+    out = {}
     with store.consulting(now) as plan:
-        # Asked as a new request (the rejected lease is no lease of the scheduler's), as if it arrived now.
-        probe = replace(store.request_of(lease, groups, plan.nodes), id=PROBE_ID, submit=plan.t)
-        if plan.scheduler.hopeless(probe):
-            return None
-        return offers(plan, probe)
+        for lease in wanted:
+            # Asked as a new request (the rejected lease is no lease of the scheduler's), as if it arrived now.
+            probe = replace(
+                store.request_of(lease, reads.lease_groups(lease), plan.nodes), id=PROBE_ID, submit=plan.t
+            )
+            if not plan.scheduler.hopeless(probe):
+                out[lease.pk] = offers(plan, probe)
+    return out
 
 
 def _iso(at: datetime) -> str:

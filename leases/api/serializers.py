@@ -390,6 +390,15 @@ class LeaseBatchResultSerializer(serializers.Serializer):
     )
     counts = serializers.DictField(child=serializers.IntegerField(), required=False)
     report = serializers.IntegerField(required=False, help_text="The decision's placement report.")
+    alternatives = AlternativeSerializer(
+        many=True,
+        required=False,
+        help_text="A 409 advance reservation with no room: as the single request's (for the array's first 50 such "
+        "items; the what-if answers the same for any window).",
+    )
+    blocking = BlockingLeaseSerializer(
+        many=True, required=False, help_text="With `alternatives`: as the single request's."
+    )
 
 
 class LeaseBatchResponseSerializer(serializers.Serializer):

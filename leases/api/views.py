@@ -215,6 +215,7 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
         minimal = prefers_minimal(request)
         for i, item in zip(where, items, strict=True):
             results[i] = _batch_result(i, item, minimal)
+        _batch_offers(results, where, items)
         response = Response({"results": results})
         return minimal_applied(response) if minimal else response
 
@@ -269,6 +270,28 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
         )
         code = status.HTTP_200_OK if done.change.ok else status.HTTP_409_CONFLICT
         return Response(s.plain(s.ExtendAnswerSerializer, done.answer()), status=code)
+
+
+# The rejected advance reservations of one array given counter-offers, in array order: each is a search over the
+# fleet (about 20 ms at 1,000 nodes); the rest can ask the what-if for their window.
+BATCH_OFFERS = 50
+
+
+def _batch_offers(results: list[dict], where: list[int], items: list[actions.BatchItem]) -> None:
+    """An array's rejected advance reservations get `alternatives` and `blocking`, as the single request's 409."""
+    rejected = [
+        (i, item.submitted.lease)
+        for i, item in zip(where, items, strict=True)
+        if item.submitted is not None
+        and results[i]["status"] == 409
+        and results[i].get("code") in negotiating.NEGOTIABLE
+        and item.submitted.lease.type == "advance_reservation"
+    ][:BATCH_OFFERS]
+    if not rejected:
+        return
+    found = negotiating.counter_offers_many([lease for _, lease in rejected], timezone.now())
+    for i, lease in rejected:
+        results[i].update(found.get(lease.pk, {}))
 
 
 def _batch_result(index: int, item: actions.BatchItem, minimal: bool) -> dict:

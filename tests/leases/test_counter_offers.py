@@ -104,3 +104,25 @@ def test_a_what_if_for_a_full_window_offers_the_same_windows(operator, fleet):
         "/api/placement/preview", {**body, "start": answer["alternatives"][0]["start"]}, format="json"
     )
     assert again.json()["outcome"] == "placed" and "alternatives" not in again.json()
+
+
+def test_a_lease_arrays_rejected_reservations_get_the_single_requests_offers(operator, fleet, monkeypatch):
+    from leases.api import views
+
+    start = timezone.now().replace(microsecond=0) + timedelta(hours=2)
+    walls = [ar(f"wall-{i}", start, 3600 * hours) for i, hours in enumerate((1, 1, 2, 2))]
+    late = ar("late", start, 1800, count=2)
+    monkeypatch.setattr(views, "BATCH_OFFERS", 2)  # the third rejected reservation gets none: the bound holds
+    body = {"leases": [*walls, late, {**late, "name": "late-2"}, {**late, "name": "late-3"}]}
+    response = operator.post("/api/leases/batch", body, format="json")
+    assert response.status_code == 200, response.content
+    results = response.json()["results"]
+    assert [r["status"] for r in results] == [201, 201, 201, 201, 409, 409, 409]
+    first, second, third = results[4:]
+    starts = [parse_datetime(o["start"]) for o in first["alternatives"]]
+    assert starts == [start + timedelta(hours=1), start + timedelta(hours=1.5), start + timedelta(hours=2)]
+    assert {b["id"] for b in first["blocking"]} == {r["id"] for r in results[:4]}
+    assert second["alternatives"] == first["alternatives"], "each is asked as if it came alone"
+    assert "alternatives" not in third and third["code"] == "fleet_at_capacity"
+    again = operator.post("/api/leases/", ar("late-again", starts[0], 1800, count=2), format="json")
+    assert again.status_code == 201, again.content
