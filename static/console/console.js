@@ -141,6 +141,7 @@
           oldNode.getAttribute("datetime") === newNode.getAttribute("datetime") && oldNode.dataset.utc) {
         return false;
       }
+      refreshFocusedWords(oldNode, newNode);
       return true;
     };
   }
@@ -277,10 +278,16 @@
     // A live refresh of a paged table (the slot table's rows come in pages as they scroll into view) re-renders as
     // many pages as this browser has loaded, so a morph does not drop the rows the operator scrolled to.
     document.body.addEventListener("htmx:configRequest", function (e) {
-      const elt = e.detail.elt;
-      if (elt && elt.hasAttribute && elt.hasAttribute("data-paged")) {
-        e.detail.parameters.pages = String(Math.max(1, elt.querySelectorAll("[data-page]").length));
+      // The table's own refresh, and the links inside it that re-render it in place (a row's "+N more", the
+      // queue forecast's pages).
+      const paged = e.detail.elt && e.detail.elt.closest && e.detail.elt.closest("[data-paged]");
+      if (paged) {
+        e.detail.parameters.pages = String(Math.max(1, paged.querySelectorAll("[data-page]").length));
       }
+      // The table's own refresh asks for what it shows now: htmx keeps the URL its trigger was set up with, and a
+      // refresh fired in the moment between a row's "+N more" being swapped in and htmx setting the table up again
+      // asked for the old state, and folded the row back.
+      if (paged && paged === e.detail.elt && paged.getAttribute("hx-get")) e.detail.path = paged.getAttribute("hx-get");
     });
     document.body.addEventListener("htmx:afterSwap", function () { lastUpdate = Date.now(); showTimes(utc); });
     document.body.addEventListener("htmx:afterSettle", fixGridFocus);
@@ -298,5 +305,127 @@
     });
     setInterval(tickAge, 1000);
     connect();
+  });
+
+  // -- said to screen readers, kept in the URL -------------------------------------------------------------------
+  //
+  // #announce is the page's polite live region: what a key or an in-place control did, when it changes nothing a
+  // screen reader would otherwise read out. setParam keeps a view's state in its URL as it changes in place.
+
+  let saying = null;
+
+  function announce(text) {
+    const region = $("announce");
+    if (!region || !text) return;
+    // Emptied first, then filled a moment later: the same words twice in a row are read twice.
+    region.textContent = "";
+    clearTimeout(saying);
+    saying = setTimeout(function () { region.textContent = text; }, 60);
+  }
+
+  function setParam(name, value) {
+    const url = new URL(location.href);
+    if (value) url.searchParams.set(name, value); else url.searchParams.delete(name);
+    if (url.href !== location.href) history.replaceState(history.state, "", url.href);
+  }
+
+  // -- the slot table: what is in view, a row's "+N more", the forecast's pages and fold (issue 46, item 3) ------
+
+  // ignoreActiveValue keeps what is typed in a focused field, and so idiomorph leaves the focused element's children
+  // alone, whatever it is: a row's "+N more", focused, still said "+3 more" once it had expanded the row (its label
+  // and aria-expanded had changed). A focused element that holds no typing (a link) gets its new words; it stays the
+  // same element, so it stays focused.
+  function refreshFocusedWords(oldNode, newNode) {
+    if (oldNode !== document.activeElement || oldNode === document.body || oldNode.nodeType !== 1) return;
+    if (oldNode.matches("input, textarea, select, [contenteditable]") || oldNode.querySelector("input, textarea, select")) return;
+    if (oldNode.innerHTML !== newNode.innerHTML) oldNode.replaceChildren(...Array.from(newNode.cloneNode(true).childNodes));
+  }
+
+
+  function countInView() {
+    const box = document.querySelector("#slot-table .slot-scroll");
+    const out = document.querySelector("#slot-summary [data-in-view]");
+    if (!box || !out) return;
+    const rows = box.querySelectorAll("[role=row][data-node]");
+    const total = Number(out.dataset.total || 0);
+    if (!rows.length || !total) return;
+    const axis = box.querySelector("svg.axis");
+    const frame = box.getBoundingClientRect();
+    const top = Math.max(frame.top + (axis ? axis.getBoundingClientRect().height : 0), 0);
+    const bottom = Math.min(frame.bottom, window.innerHeight);
+    // Rows are in order top to bottom: two binary searches, not a rectangle per row on every scroll.
+    const first = search(rows, function (r) { return r.getBoundingClientRect().bottom > top + 1; });
+    const last = search(rows, function (r) { return r.getBoundingClientRect().top >= bottom - 1; }) - 1;
+    const matching = out.dataset.filtered ? " matching the filter" : "";
+    let text;
+    if (first > last || first >= rows.length) text = "No node row in view: scroll the table";
+    else {
+      const a = Number(rows[first].getAttribute("aria-rowindex"));
+      const b = Number(rows[last].getAttribute("aria-rowindex"));
+      text = a === 1 && b === total ? "All " + total + " node" + (total === 1 ? "" : "s") + matching + " in view"
+        : "Nodes " + a + "–" + b + " of " + total + matching + " in view; scroll the table for the rest";
+    }
+    if (out.textContent !== text) out.textContent = text;
+  }
+
+  // The first index whose row passes `test`, for a test false then true along the rows.
+  function search(rows, test) {
+    let lo = 0, hi = rows.length;
+    while (lo < hi) { const mid = (lo + hi) >> 1; if (test(rows[mid])) hi = mid; else lo = mid + 1; }
+    return lo;
+  }
+
+  let inViewFrame = null;
+  function countSoon() {
+    if (inViewFrame) return;
+    inViewFrame = requestAnimationFrame(function () { inViewFrame = null; countInView(); });
+  }
+
+  function afterTableRequest(e) {
+    // The element that asked (detail.elt is the one swapped into: the table).
+    const elt = e.detail.requestConfig && e.detail.requestConfig.elt;
+    if (!elt || !elt.id) return;
+    if (elt.hasAttribute("data-expand")) {
+      // Morphed, the control is the same element (its id), focused still, with its new words.
+      const control = $(elt.id);
+      if (control) announce(control.getAttribute("data-said"));
+    } else if (elt.hasAttribute("data-forecast-page")) {
+      const where = $("forecast-page");
+      if (where) {
+        announce(where.getAttribute("data-said"));
+        // At the first or last page its link is gone: focus stays in the pager, not on <body>.
+        if (!document.activeElement || document.activeElement === document.body) where.focus();
+      }
+    }
+  }
+
+  // Links that carry the slot table's state get the fold the operator just chose, so a zoom or a pan keeps it.
+  function keepForecastFold(open) {
+    setParam("forecast", open ? null : "closed");
+    document.querySelectorAll("#slot-nav a[href]").forEach(function (a) {
+      const url = new URL(a.href);
+      if (open) url.searchParams.delete("forecast"); else url.searchParams.set("forecast", "closed");
+      a.setAttribute("href", url.pathname + url.search);
+    });
+    const state = $("slot-filter-state");
+    if (state) {
+      let input = state.querySelector("input[name=forecast]");
+      if (open && input) input.remove();
+      if (!open && !input) {
+        input = document.createElement("input");
+        input.type = "hidden"; input.name = "forecast"; input.value = "closed";
+        state.prepend(input);
+      }
+    }
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    document.addEventListener("toggle", function (e) {
+      if (e.target && e.target.id === "slot-estimates") keepForecastFold(e.target.open);
+    }, true);
+    document.body.addEventListener("htmx:afterSettle", function (e) { afterTableRequest(e); countSoon(); });
+    document.addEventListener("scroll", countSoon, { capture: true, passive: true });
+    window.addEventListener("resize", countSoon);
+    countInView();
   });
 })();
