@@ -294,15 +294,7 @@
     document.addEventListener("keydown", gridKeys, true);
     const btn = $("live-toggle");
     if (btn) btn.addEventListener("click", togglePause);
-    document.addEventListener("keydown", function (e) {
-      if (e.target.matches("input, textarea, select") || e.ctrlKey || e.metaKey || e.altKey) return;
-      const link = document.querySelector('a[data-key="' + CSS.escape(e.key) + '"]');
-      if (e.key === "/") { const s = document.querySelector("[data-search]"); if (s) { e.preventDefault(); s.focus(); } }
-      else if (e.key === "?") { const d = $("shortcuts"); if (d) d.showModal(); }
-      else if (e.key === "p") { togglePause(); }
-      else if (e.key === "t") { toggleTz(); }
-      else if (link) { link.click(); }
-    });
+    document.addEventListener("keydown", shortcutKey);  // the keyboard: its own block below
     setInterval(tickAge, 1000);
     connect();
   });
@@ -427,5 +419,127 @@
     document.addEventListener("scroll", countSoon, { capture: true, passive: true });
     window.addEventListener("resize", countSoon);
     countInView();
+  });
+
+  // -- the keyboard (issue 46, item 4) ---------------------------------------------------------------------------
+  //
+  // Single keys (the `?` sheet lists them all: templates/_shortcuts.html), `g` then a letter to go to a page
+  // (the first a[data-goto] with that letter: the nav's, or the sheet's for pages the nav does not show), and
+  // a[data-key] links followed by their key (the slot table's pan and zoom). They can be switched off per person
+  // (slotkeeper/preferences.py): body[data-shortcuts] says which. Everything a key does is said in #announce.
+
+  const GO_WAIT_MS = 1500;  // how long `g` waits for its letter
+  let goTimer = null;
+
+  function shortcutsOn() { return document.body.dataset.shortcuts !== "off"; }
+
+  function typing(el) {
+    return !!(el && el.closest && el.closest("input, textarea, select, [contenteditable], [contenteditable=true]"));
+  }
+
+  function endGo() { clearTimeout(goTimer); goTimer = null; }
+
+  function openSheet() {
+    const sheet = $("shortcuts");
+    if (sheet && !sheet.open) sheet.showModal();
+  }
+
+  function shortcutKey(e) {
+    if (e.defaultPrevented || e.ctrlKey || e.metaKey || e.altKey || typing(e.target)) return;
+    if (!shortcutsOn() || document.querySelector("dialog[open]")) { endGo(); return; }
+    const key = e.key;
+    if (goTimer) {
+      endGo();
+      if (key === "Escape" || key === "Shift") return;
+      const target = document.querySelector('a[data-goto="' + CSS.escape(key.toLowerCase()) + '"]');
+      e.preventDefault();
+      if (target) { announce("Going to " + target.textContent.trim()); target.click(); }
+      else announce("No page on g " + key + ": the sheet (?) lists them");
+      return;
+    }
+    if (key === "g") {
+      e.preventDefault();
+      goTimer = setTimeout(function () { goTimer = null; }, GO_WAIT_MS);
+      announce("Go to: press a page's letter");
+      return;
+    }
+    if (key === "?") { e.preventDefault(); openSheet(); return; }
+    if (key === "/") {
+      const field = document.querySelector("[data-search]");
+      if (field) { e.preventDefault(); field.focus(); }
+      return;
+    }
+    if (key === "p") {
+      const pause = $("live-toggle");
+      if (pause && !pause.hidden) pause.click(); else announce("Nothing on this page is live");
+      return;
+    }
+    if (key === "t") { const tz = $("tz-toggle"); if (tz) tz.click(); return; }
+    const name = key === "=" ? "+" : key;
+    const link = document.querySelector('a[data-key="' + CSS.escape(name) + '"]');
+    if (link) { e.preventDefault(); link.click(); return; }
+    if ((name === "+" || name === "-") && $("slot-nav")) {
+      announce(name === "+" ? "Already at the closest zoom" : "Already at the widest zoom");
+    }
+  }
+
+  // The sheet's switch: on at once in this page, kept for the account by a POST (204).
+  function switchShortcuts(on) {
+    document.body.dataset.shortcuts = on ? "on" : "off";
+    endGo();
+    const form = $("shortcuts-form");
+    if (form) form.elements.on.value = on ? "0" : "1";  // what the no-JavaScript button would ask next
+    announce(on ? "Keyboard shortcuts on" : "Keyboard shortcuts off: single keys do nothing until turned on again here");
+    if (!form) return;
+    const body = new URLSearchParams({ on: on ? "1" : "0" });
+    const token = form.elements.csrfmiddlewaretoken ? form.elements.csrfmiddlewaretoken.value : "";
+    fetch(form.action, {
+      method: "POST", body: body, credentials: "same-origin",
+      headers: { "HX-Request": "true", "X-CSRFToken": token, "Content-Type": "application/x-www-form-urlencoded" },
+    }).then(function (r) {
+      if (!r.ok) throw new Error(String(r.status));
+      document.body.dataset.shortcutsSaved = on ? "on" : "off";
+    }).catch(function () { announce("The setting was not saved: it holds in this page only"); });
+  }
+
+  function zoneShown() {
+    const tz = $("tz-toggle");
+    return tz && tz.textContent.trim() === "Local" ? "local" : "utc";
+  }
+
+  // A link's zone wins over the one this browser kept (and is kept from then on, as if `t` had been pressed), so a
+  // link shows a colleague the times as its sender saw them. The URL names the zone when it is local time, or when
+  // it already named one: a URL without `tz` is UTC, the console's default, and stays as short as a link to it.
+  function zoneFromUrl() {
+    const wanted = new URL(location.href).searchParams.get("tz");
+    const tz = $("tz-toggle");
+    if (tz && (wanted === "utc" || wanted === "local") && wanted !== zoneShown()) tz.click();
+    sayZone();
+  }
+
+  function sayZone() {
+    const named = new URL(location.href).searchParams.has("tz");
+    setParam("tz", zoneShown() === "local" || named ? zoneShown() : null);
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    const sheetButton = $("shortcuts-button");
+    if (sheetButton) sheetButton.addEventListener("click", openSheet);
+    const on = $("shortcuts-on");
+    if (on) on.addEventListener("change", function () { switchShortcuts(on.checked); });
+    const pause = $("live-toggle");
+    if (pause) pause.addEventListener("click", function () {
+      announce(pause.getAttribute("aria-pressed") === "true" ? "Live updates paused" : "Live updates resumed");
+    });
+    zoneFromUrl();
+    const tz = $("tz-toggle");
+    if (tz) tz.addEventListener("click", function () {
+      sayZone();
+      announce(zoneShown() === "local" ? "Times in local time" : "Times in UTC");
+    });
+    // A URL htmx pushed or replaced (a filter, a forecast page) names the zone too.
+    ["htmx:pushedIntoHistory", "htmx:replacedInHistory"].forEach(function (name) {
+      document.body.addEventListener(name, sayZone);
+    });
   });
 })();
