@@ -247,6 +247,9 @@ def links(state: State) -> dict:
     }
 
 
+NO_MORE = mark_safe("")  # a row with nothing folded: no "+N more"
+
+
 @dataclass
 class Row:
     node: Node
@@ -402,11 +405,7 @@ def layout_row(
     spans = [(x(a.start), x(a.end)) for a in allocs]
     wide, strips = chart.fold_thin(spans, LOD_MIN_W)
     drawn = [(spans[i][0], spans[i][0] + max(1.0, spans[i][1] - spans[i][0])) for i in wide]
-    finished = [allocs[i].status in FINISHED for i in wide]
-    stack = chart.stack_lanes(drawn, finished, MAX_LANES)
-    folded = stack.hidden
-    if expanded and folded:
-        stack = chart.stack_lanes(drawn, finished, None)
+    stack, folded = _stack(allocs, wide, drawn, expanded)
     count = stack.count
     reason_h = REASON_H if reason_of(node) else 0
     lanes_top = top + reason_h
@@ -441,6 +440,19 @@ def layout_row(
             )
         )
     return Laid(height, count, "".join(marks), hidden, folded)
+
+
+def _stack(
+    allocs: list[Alloc], wide: list[int], drawn: list[tuple[float, float]], expanded: bool
+) -> tuple[chart.Stack, int]:
+    """The row's lanes, and how many reservations its folded form hides (which an expanded row draws)."""
+    if chart.disjoint(drawn):  # most rows: one lane, nothing to fold, no status to read
+        return chart.Stack([0] * len(drawn), 1 if drawn else 0, 0), 0
+    finished = [allocs[i].status in FINISHED for i in wide]
+    stack = chart.stack_lanes(drawn, finished, MAX_LANES)
+    if expanded and stack.hidden:
+        return chart.stack_lanes(drawn, finished, None), stack.hidden
+    return stack, stack.hidden
 
 
 def more_link(state: State, node: Node, index: int, laid: Laid, expanded: bool, y: int) -> str:
@@ -485,8 +497,9 @@ def build_pages(ids: list[int], first_page: int, pages: int, state: State) -> li
             expanded = node_id in state.expanded
             laid = layout_row(node, allocs.get(node_id, []), y, window, filters, link, expanded)
             index = lo + p * ROWS_PER_PAGE + k
-            more = more_link(state, node, index, laid, expanded, y) if laid.folded else ""
-            # Every database text in `marks` and `more` went through escape() (leases/slot_marks.py).
+            # Every database text in `more` went through escape() (leases/slot_marks.py).
+            more = mark_safe(more_link(state, node, index, laid, expanded, y)) if laid.folded else NO_MORE  # noqa: S308
+            # Every database text in `marks` went through escape() (leases/slot_marks.py).
             rows.append(
                 Row(
                     node,
@@ -499,7 +512,7 @@ def build_pages(ids: list[int], first_page: int, pages: int, state: State) -> li
                     reason_of(node),
                     laid.lanes,
                     mark_safe(laid.marks),  # noqa: S308
-                    mark_safe(more),  # noqa: S308
+                    more,
                     len(laid.hidden),
                 )
             )

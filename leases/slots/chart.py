@@ -54,7 +54,10 @@ def stack_lanes(
     overlaps nothing, and never a lane of its own: in the demo, reservations superseded by a re-plan (cancelled
     before they started) and ones that had run were a third of the bars and gave rows of 10 to 18 lanes. At most
     `max_lanes` lanes are drawn; what does not fit is hidden and counted. `max_lanes=None` is an expanded row: every
-    live lane, and the finished spans with no room in them stack below, so everything is drawn."""
+    live lane, and the finished spans with no room in them stack below, so everything is drawn. A row of no span
+    has no lane (its height is the row's least, as before); a row whose spans overlap nowhere, most rows, one."""
+    if disjoint(spans):
+        return Stack([0] * len(spans), 1 if spans else 0, 0)
     live = [i for i, done in enumerate(finished) if not done]
     live_lanes, live_count = assign_lanes([spans[i] for i in live])
     drawn = max(1, live_count if max_lanes is None else min(live_count, max_lanes))
@@ -82,7 +85,17 @@ def stack_lanes(
                 ends.append([x1])
                 out[i] = len(starts) - 1
     hidden = sum(1 for lane in out if lane is None)
-    return Stack(out, len(starts), hidden)
+    return Stack(out, max((lane for lane in out if lane is not None), default=-1) + 1, hidden)
+
+
+def disjoint(spans: Sequence[tuple[float, float]]) -> bool:
+    """Whether no two spans (in order of x0) overlap: then every one is in lane 0, and nothing else need be asked."""
+    reach = float("-inf")
+    for x0, x1 in spans:
+        if x0 < reach - 1e-6:
+            return False
+        reach = max(reach, x1)
+    return True
 
 
 def _free(starts: list[float], ends: list[float], x0: float, x1: float) -> bool:

@@ -34,6 +34,9 @@ def finish(alloc_id: int, status: str) -> None:
 @pytest.mark.parametrize(
     ("spans", "finished", "max_lanes", "lanes", "count", "hidden"),
     [
+        # No bar: no lane (the row keeps its least height); bars apart: one lane.
+        ([], [], 3, [], 0, 0),
+        ([(0, 10), (10, 20), (25, 30)], [True, False, True], 3, [0, 0, 0], 1, 0),
         # Three live bars overlapping: three lanes, as before.
         ([(0, 10), (2, 12), (4, 14)], [False] * 3, 3, [0, 1, 2], 3, 0),
         # A done bar under a live one: no lane of its own, so it is not drawn (one lane, one hidden).
@@ -78,6 +81,16 @@ def test_done_and_cancelled_reservations_never_take_a_lane_of_their_own(vera, fl
     assert bar(body, live)["lane"] == 0
     assert f'id="alloc-{done}"' not in row and f'id="alloc-{superseded}"' not in row
     assert 'data-hidden="2"' in row and ">+2 more<" in row
+
+
+def test_a_row_of_bars_too_thin_to_draw_is_as_tall_as_before(vera, fleet):
+    tank = fleet[0]
+    for k in range(12):
+        place(tank, WINDOW + timedelta(hours=k), 5, f"tiny-{k}")
+    row = row_of(slots(vera, zoom="7d"), "tank")
+    assert "data-strip" in row and 'data-lanes="0"' in row
+    height = int(re.search(r'<rect class="hover" x="0" y="\d+" width="\d+" height="(\d+)"', row).group(1))
+    assert height == slotchart.LANE_H, "its strip in a row of one lane's height, no empty lane above it"
 
 
 def test_a_row_draws_three_lanes_and_a_more_control_that_expands_it(vera, fleet):
