@@ -41,12 +41,12 @@ def lease_gauges():
     # The plan queue (group commit): requests stored and waiting for a pass, fleet-wide; this process's last
     # pass (how many requests it planned, how long it took) and its largest batch. Totals are counters:
     # slotkeeper_plan_passes_total, slotkeeper_plan_pass_seconds_total, slotkeeper_plan_batched_requests_total.
-    from leases import store
     from leases.lifecycle import LeaseState
+    from leases.planning import passes
 
     waiting = next((n for name, labels, n in rows if labels.get("state") == LeaseState.NEW), 0)
     rows.append(("slotkeeper_plan_queue_depth", {}, waiting))
-    rows.append(("slotkeeper_plan_batch_size_last", {}, store.pass_stats.last_batch))
-    rows.append(("slotkeeper_plan_batch_size_max", {}, store.pass_stats.max_batch))
-    rows.append(("slotkeeper_plan_pass_seconds_last", {}, store.pass_stats.last_seconds))
+    rows.append(("slotkeeper_plan_batch_size_last", {}, passes.pass_stats.last_batch))
+    rows.append(("slotkeeper_plan_batch_size_max", {}, passes.pass_stats.max_batch))
+    rows.append(("slotkeeper_plan_pass_seconds_last", {}, passes.pass_stats.last_seconds))
     return rows
