@@ -98,21 +98,12 @@ def readyz(request):
     return JsonResponse({"ready": ready, "checks": checks}, status=200 if ready else 503)
 
 
-def _line(name: str, labels: dict[str, str], value: float) -> str:
-    if labels:
-        inner = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-        return f"{name}{{{inner}}} {value:g}"
-    return f"{name} {value:g}"
-
-
 @require_GET
 def metrics(request):
-    lines = []
-    for name, labels, value in counters.gauges():
-        lines.append(_line(name, labels, value))
-    for name, labels, value in counters.snapshot():
-        lines.append(_line(name, labels, value))
-    return HttpResponse("\n".join(lines) + "\n", content_type="text/plain; version=0.0.4")
+    # Every process's series in PROMETHEUS_MULTIPROC_DIR and the fleet's gauges, in Prometheus' text format with
+    # HELP and TYPE (slotkeeper/metrics.py, docs/metrics.md).
+    body, content_type = counters.exposition()
+    return HttpResponse(body, content_type=content_type)
 
 
 _PROBES = {"/healthz": healthz, "/readyz": readyz}
