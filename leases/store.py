@@ -33,7 +33,7 @@ from django.db.models import Exists
 from fleet import affinity, capacity, placement, reports
 from fleet.models import PlacementReport
 from fleet.placement import read_fleet
-from leases import forecasting, reads, vnodes
+from leases import forecasting, pass_metrics, reads, vnodes
 from leases.alerts import raise_alert
 from leases.instance_rows import present_instances, sync_many
 from leases.lifecycle import TERMINAL_LEASE_STATES, LeaseState
@@ -464,6 +464,7 @@ def _pass(now: datetime, started: float) -> Iterator[Planning]:
     metrics.inc("slotkeeper_plan_passes_total")
     metrics.inc("slotkeeper_plan_pass_seconds_total", took)
     metrics.inc("slotkeeper_plan_batched_requests_total", len(batch))
+    pass_metrics.observe(took, len(batch), sched, changes)
     pass_stats.record(len(batch), took)
     if touched:
         events.send_on_commit("slots-changed", leases=sorted(touched)[:50])
