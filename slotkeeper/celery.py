@@ -10,6 +10,7 @@ from celery.signals import (
     worker_init,
     worker_process_init,
     worker_process_shutdown,
+    worker_ready,
 )
 
 from slotkeeper.logging import new_request_id, request_id_var
@@ -58,3 +59,15 @@ def forget_process_metrics(**_):
     from slotkeeper import metrics
 
     metrics.process_exits()
+
+
+@worker_ready.connect
+def serve_metrics(**_):
+    # In the worker's main process, once its pool runs: the series of every process in this worker's metrics
+    # directory, where no Daphne reads them (SLOTKEEPER_METRICS_PORT; docs/metrics.md).
+    from django.conf import settings
+
+    if settings.METRICS_PORT:
+        from slotkeeper import metrics
+
+        metrics.serve(settings.METRICS_PORT)

@@ -66,6 +66,7 @@ from prometheus_client import (  # noqa: E402
     Gauge,
     Histogram,
     generate_latest,
+    start_http_server,
     values,
 )
 from prometheus_client.core import GaugeMetricFamily  # noqa: E402
@@ -233,6 +234,7 @@ def series() -> set[str]:
 # -- writing ---------------------------------------------------------------------------------------------------
 
 _made: dict[str, Counter | Gauge | Histogram] = {}
+_declared: set[str] = set()
 _make_lock = threading.Lock()
 
 
@@ -430,11 +432,41 @@ def collect_registry() -> CollectorRegistry:
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
+def _declare() -> None:
+    """Every series without labels, at 0 in this process's files if nothing counted it yet: a series that
+    appears only with its first event leaves a dashboard empty and an alert's rate() undefined until then. The
+    pool's are left out: they are there only where a pool is (PostgreSQL)."""
+    for name in (*COUNTERS, *HISTOGRAMS, *GAUGES):
+        labels = COUNTERS[name][1] if name in COUNTERS else HISTOGRAMS[name][1] if name in HISTOGRAMS else ()
+        if not labels and not name.startswith("slotkeeper_db_pool_"):
+            _metric(name)
+            _declared.add(name)
+
+
 def exposition() -> tuple[bytes, str]:
     """What /metrics answers: every process's files in the directory, and the fleet's gauges."""
+    if not _declared:
+        _declare()
     sample()
     forget_dead()
     return generate_latest(collect_registry()), CONTENT_TYPE
+
+
+class DirectoryCollector:
+    """Every process's series in the directory, the dead's live gauges left out."""
+
+    def collect(self):
+        forget_dead()
+        return MultiProcessCollector(None, path=DIRECTORY).collect()
+
+
+def serve(port: int, addr: str = "0.0.0.0") -> None:  # noqa: S104 (a pod's port, scraped by its IP)
+    """The directory's series over HTTP on a thread of this process, for a process that serves no /metrics of
+    its own (a Celery worker's main process). The fleet's gauges are left to the web's /metrics."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(DirectoryCollector())
+    start_http_server(port, addr, registry=registry)
+    log.info("metrics served", extra={"port": port})
 
 
 def snapshot() -> Rows:

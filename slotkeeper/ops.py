@@ -16,8 +16,9 @@ from slotkeeper.planlock import PlanBusy, is_busy_error
 
 
 class ProbeMiddleware(DualModeMiddleware):
-    """Answers /healthz and /readyz before the Host check: a kubelet probes by pod IP, which is (rightly) not in
-    ALLOWED_HOSTS, and a 400 there would keep every web pod out of rotation.
+    """Answers /healthz, /readyz and /metrics before the Host check: a kubelet probes, and Prometheus scrapes, by
+    pod IP, which is (rightly) not in ALLOWED_HOSTS; a 400 there would keep every web pod out of rotation, and
+    every scrape would fail.
 
     Sync or async as the stack is (slotkeeper.middleware.DualModeMiddleware); under Daphne, sync, inside the one
     hand-off the handler makes per request (slotkeeper/handler.py), so a probe costs what it did when this
@@ -106,4 +107,4 @@ def metrics(request):
     return HttpResponse(body, content_type=content_type)
 
 
-_PROBES = {"/healthz": healthz, "/readyz": readyz}
+_PROBES = {"/healthz": healthz, "/readyz": readyz, "/metrics": metrics}
