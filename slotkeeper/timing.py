@@ -14,12 +14,15 @@ URLconf.
 
 from __future__ import annotations
 
+import logging
 import time
 
 from django.conf import settings
 from django.urls import Resolver404, resolve
 
 from slotkeeper import metrics
+
+log = logging.getLogger(__name__)
 
 ROUTE = "slotkeeper.route"
 STATUS_CLASSES = {n: f"{n}xx" for n in range(1, 6)}
@@ -65,8 +68,11 @@ class RequestTimer:
         route = scope.get(ROUTE)
         if route is None:
             route = "static" if scope["path"].startswith(self.static) else "unmatched"
-        metrics.http.observe(route, status_class, took)
-        metrics.sample_soon()
+        try:
+            metrics.http.observe(route, status_class, took)
+            metrics.sample_soon()
+        except Exception:  # a metrics file that cannot grow (a full disk) must not fail the answer
+            log.exception("request not timed", extra={"route": route})
 
 
 def route_of(request) -> str:
