@@ -194,7 +194,8 @@ def ages(received: Mapping[int, Sequence[datetime]]) -> list[float]:
     whole flush), each next one against the one before. The database's time, not this process's memory, so a node
     whose heartbeats reach several Daphnes in turn is measured all the same. A node's very first heartbeat has no
     age."""
-    stored = dict(Node.objects.filter(pk__in=list(received)).values_list("id", "last_heartbeat_at"))
+    rows = Node.objects.filter(pk__in=list(received)).order_by().values_list("id", "last_heartbeat_at")
+    stored = dict(rows)
     return ages_since(stored, received)
 
 
