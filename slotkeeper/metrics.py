@@ -40,14 +40,29 @@ ENV = "PROMETHEUS_MULTIPROC_DIR"
 MADE_HERE = "SLOTKEEPER_METRICS_DIR_MADE"
 
 
+ORPHAN_PREFIX = "slotkeeper-metrics-"
+
+
+def _remove_orphans() -> None:
+    """The temporary directories of processes that ended without removing theirs: killed, or stopped by the
+    shutdown's deadline (os._exit runs no atexit hook). Each is named by its maker's pid."""
+    import psutil
+
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), ORPHAN_PREFIX + "*-*")):
+        pid = os.path.basename(path)[len(ORPHAN_PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
 def _prepare_directory() -> str:
     configured = os.environ.get(ENV, "")
     if configured and configured != os.environ.get(MADE_HERE):
         os.makedirs(configured, exist_ok=True)
         return configured
-    path = tempfile.mkdtemp(prefix="slotkeeper-metrics-")
-    os.environ[ENV] = os.environ[MADE_HERE] = path
     maker = os.getpid()
+    _remove_orphans()
+    path = tempfile.mkdtemp(prefix=f"{ORPHAN_PREFIX}{maker}-")
+    os.environ[ENV] = os.environ[MADE_HERE] = path
 
     def remove() -> None:
         if os.getpid() == maker:  # a forked child runs its parent's atexit hooks too

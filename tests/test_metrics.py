@@ -220,6 +220,22 @@ def test_a_process_started_without_a_directory_makes_its_own_and_removes_it_at_e
     assert not os.path.exists(made)
 
 
+def test_a_directory_left_by_a_process_that_died_is_removed_by_the_next_one():
+    # A process stopped by the shutdown's deadline (os._exit) or killed runs no atexit hook.
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    pid = int(dead.stdout)
+    left = tempfile.mkdtemp(prefix=f"{metrics.ORPHAN_PREFIX}{pid}-")
+    alive = tempfile.mkdtemp(prefix=f"{metrics.ORPHAN_PREFIX}{os.getpid()}-")
+    try:
+        run_python(PRINT_DIRECTORY)
+        assert not os.path.exists(left)
+        assert os.path.exists(alive), "a running process's directory is its own"
+    finally:
+        os.rmdir(alive)
+
+
 def test_a_process_started_by_one_that_made_its_directory_makes_another(tmp_path):
     # What a Daphne started by `manage.py demo`, or by the tests, inherits: its parent's own directory.
     inherited = str(tmp_path / "parents")
