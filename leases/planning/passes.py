@@ -23,7 +23,7 @@ from datetime import datetime
 from django.db import OperationalError, transaction
 
 from fleet.placement import read_fleet
-from leases import forecasting
+from leases import forecasting, pass_metrics
 from leases.models import PlanVersion, SchedulerState
 from leases.planning.applying import apply
 from leases.planning.intents import _plan_intents
@@ -138,6 +138,7 @@ def _pass(now: datetime, started: float) -> Iterator[Planning]:
     metrics.inc("slotkeeper_plan_passes_total")
     metrics.inc("slotkeeper_plan_pass_seconds_total", took)
     metrics.inc("slotkeeper_plan_batched_requests_total", len(batch))
+    pass_metrics.observe(took, len(batch), sched, changes)
     pass_stats.record(len(batch), took)
     if touched:
         events.send_on_commit("slots-changed", leases=sorted(touched)[:50])

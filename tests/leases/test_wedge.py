@@ -144,7 +144,7 @@ def test_a_failing_tick_raises_one_alert_shows_on_readyz_and_metrics_and_clears_
     assert ready["checks"]["scheduler"].startswith("tick failing: 2 in a row")
     assert ready["ready"] is True  # the web process itself is fine; the alert says what is not
     metrics = client.get("/metrics").content.decode()
-    assert "slotkeeper_tick_failures_in_a_row 2" in metrics
+    assert "slotkeeper_tick_failures_in_a_row 2.0" in metrics
     monkeypatch.undo()
     periodic.tick(T0 + timedelta(seconds=15))
     assert alerts.get().resolved_at is not None
