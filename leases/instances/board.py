@@ -19,7 +19,8 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from urllib.parse import urlencode
 
-from django.db.models import F, Max, Q, Sum
+from django.db import connections
+from django.db.models import Case, F, Max, Q, Sum, Value, When
 
 from fleet.filters import DEFAULT_SORT, allocatable_disk, allocatable_mem
 from fleet.models import Node, NodeStatus
@@ -168,29 +169,39 @@ def page_of(checked: Checked, now: datetime) -> Page:
 
 
 def totals(now: datetime) -> tuple[dict[str, int], CapacityTotals]:
-    """Nodes per status and the capacity sums, for the whole fleet whatever the page shows: three aggregate
-    queries (fleet's sums; what the slot table holds on online nodes now; the nodes over allocatable)."""
+    """Nodes per status and the capacity sums, for the whole fleet whatever the page shows: two aggregate queries,
+    fleet's sums, then one pass over what the slot table holds now, grouped by node, for the online nodes'
+    committed sums and the number of nodes over allocatable (two passes were the bulk of a live update's cost at
+    10,000 nodes: bench/bench_board.py)."""
     counts, capacity = fleet_sums()
-    window = Q(live=True, start__lte=now, end__gt=now)
-    held = Allocation.objects.filter(window, node__status=NodeStatus.ONLINE).aggregate(
-        cpu=Sum("cpu"), mem=Sum("mem_mib")
-    )
-    capacity.committed_cores = (held["cpu"] or 0) / 100
-    capacity.committed_mib = held["mem"] or 0
-    capacity.over = (
-        Allocation.objects.filter(window)
+    room = Q(mem__gt=Max(allocatable_mem("node__")))
+    room |= Q(cpu__gt=Max(F("node__cpu_cores") * 100))
+    room |= Q(disk__gt=Max(allocatable_disk("node__")))
+    per_node = (
+        Allocation.objects.filter(live=True, start__lte=now, end__gt=now)
+        .order_by()
         .values("node")
+        .annotate(mem=Sum("mem_mib"), cpu=Sum("cpu"), disk=Sum("disk_gib"))
         .annotate(
-            mem=Sum("mem_mib"),
-            cpu=Sum("cpu"),
-            disk=Sum("disk_gib"),
-            room_mem=Max(allocatable_mem("node__")),
-            room_cpu=Max(F("node__cpu_cores") * 100),
-            room_disk=Max(allocatable_disk("node__")),
+            is_online=Max(Case(When(node__status=NodeStatus.ONLINE, then=Value(1)), default=Value(0))),
+            is_over=Case(When(room, then=Value(1)), default=Value(0)),
         )
-        .filter(Q(mem__gt=F("room_mem")) | Q(cpu__gt=F("room_cpu")) | Q(disk__gt=F("room_disk")))
-        .count()
+        .values("cpu", "mem", "is_online", "is_over")
     )
+    # Django aggregates no aggregate: the per-node sums are summed over in SQL of its own, around the compiled query
+    # (its values travel as parameters).
+    inner, params = per_node.query.sql_with_params()
+    sums = (
+        "SUM(CASE WHEN is_online = 1 THEN cpu ELSE 0 END), SUM(CASE WHEN is_online = 1 THEN mem ELSE 0 END),"
+        " SUM(is_over)"
+    )
+    sql = f"SELECT {sums} FROM ({inner}) per_node"  # noqa: S608
+    with connections[per_node.db].cursor() as cursor:
+        cursor.execute(sql, params)
+        cpu, mem, over = cursor.fetchone()
+    capacity.committed_cores = (cpu or 0) / 100
+    capacity.committed_mib = mem or 0
+    capacity.over = over or 0
     return counts, capacity
 
 
