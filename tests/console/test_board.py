@@ -385,3 +385,15 @@ def test_the_bytes_of_a_patch_grow_with_the_rows_that_changed_not_with_the_fleet
     per_row = (sizes[100] - sizes[1]) / 99
     assert 500 < per_row < 2000
     assert sizes[1] < 3000 and sizes[10] < sizes[1] + 10 * 2000
+
+
+def test_the_benchmark_reads_the_page_as_the_browser_does(vera, db):
+    """bench/bench_board.py sends the patch a live page would send: it must find every row and both versions."""
+    from bench.bench_board import shown as bench_shown
+
+    nodes = make_fleet(3)
+    body = vera.get(BOARD).content.decode()
+    found = bench_shown(body)
+    assert found["ids"] == [n.pk for n in nodes]
+    assert found["have"] == shown(body)
+    assert found["sv"] == version_of(body, "fleet-summary") and found["pv"] == version_of(body, "fleet-pager")
