@@ -52,6 +52,12 @@ COLUMNS = [
 ]  # fmt: skip
 
 
+def link(state: board_reads.BoardState, **changes) -> str:
+    """The board's URL with `changes` to its state: "/" for the plain board, never a bare "?"."""
+    query = state.query(**changes)
+    return reverse("fleet-board") + (f"?{query}" if query else "")
+
+
 def columns(state: board_reads.BoardState) -> list[dict]:
     """Each column's header with the link that sorts by it: ascending first, the reverse when it is the sort."""
     current = state.sort or DEFAULT_SORT
@@ -62,7 +68,7 @@ def columns(state: board_reads.BoardState) -> list[dict]:
         out.append({
             "key": key, "label": label, "small": small, "title": title, "num": num,
             "aria_sort": ("descending" if descending else "ascending") if on else None,
-            "query": state.query(sort=key if descending or not on else f"-{key}", page=1),
+            "href": link(state, sort=key if descending or not on else f"-{key}", page=1),
             "next": "reverse order" if on and not descending else "sort by this column",
         })  # fmt: skip
     return out
@@ -71,7 +77,7 @@ def columns(state: board_reads.BoardState) -> list[dict]:
 def chips(state: board_reads.BoardState, counts: dict[str, int]) -> list[dict]:
     """The status chips: each links to the board with that status only (search, sort and page size kept)."""
     return [
-        {"status": s, "count": n, "query": state.query(status=(s,), page=1), "on": state.status == (s,)}
+        {"status": s, "count": n, "href": link(state, status=(s,), page=1), "on": state.status == (s,)}
         for s, n in counts.items()
     ]
 
@@ -85,16 +91,17 @@ def board_context(checked: board_reads.Checked, now: datetime) -> dict:
         "page": page,
         "counts": counts,
         "chips": chips(state, counts),
-        "all_query": state.query(status=(), page=1),
-        "over_query": state.query(sort="-committed", page=1),
+        "all_href": link(state, status=(), page=1),
+        "over_href": link(state, sort="-committed", page=1),
         "capacity": capacity,
         "totals_version": board_reads.totals_version(counts, capacity, state),
         "pager_version": page.version(state),
         "empty_version": page.empty_version(state),
-        "last_query": state.query(page=page.pages),
-        "prev_query": state.query(page=page.number - 1) if page.number > 1 else None,
-        "next_query": state.query(page=page.number + 1) if page.number < page.pages else None,
-        "first_query": state.query(page=1),
+        "here_href": link(state),
+        "last_href": link(state, page=page.pages),
+        "prev_href": link(state, page=page.number - 1) if page.number > 1 else None,
+        "next_href": link(state, page=page.number + 1) if page.number < page.pages else None,
+        "first_href": link(state, page=1),
         "columns": columns(state),
         "now_epoch": f"{now.timestamp():.1f}",
         "stale_after": STALE_AFTER_S,

@@ -94,7 +94,7 @@ def test_the_board_shows_a_page_of_100_rows_and_says_where_it_is(vera, db):
 
     small = vera.get(BOARD, {"per": "25", "page": "2"}).content.decode()
     assert names(small) == [f"n-{i:03d}" for i in range(25, 50)]
-    assert 'href="?page=3&amp;per=25"' in small, "the next page keeps the page size"
+    assert 'href="/?page=3&amp;per=25"' in small, "the next page keeps the page size"
 
 
 @pytest.mark.parametrize(
@@ -138,10 +138,10 @@ def test_every_column_sorts_in_the_database_either_way(vera, db, sort, first):
 def test_a_header_sorts_by_its_column_and_a_second_click_reverses_it(vera, db):
     make_fleet(3)
     body = vera.get(BOARD).content.decode()
-    assert re.search(r'<th scope="col" aria-sort="ascending"><a href="\?sort=-name"', body)
-    assert 'href="?sort=committed"' in body
+    assert re.search(r'<th scope="col" aria-sort="ascending"><a href="/\?sort=-name"', body)
+    assert 'href="/?sort=committed"' in body
     by_committed = vera.get(BOARD, {"sort": "committed", "page": "1"}).content.decode()
-    assert re.search(r'aria-sort="ascending"><a href="\?sort=-committed"', by_committed)
+    assert re.search(r'aria-sort="ascending"><a href="/\?sort=-committed"', by_committed)
 
 
 def test_search_finds_a_name_or_a_capability_and_status_narrows_it(vera, db):
@@ -156,7 +156,7 @@ def test_search_finds_a_name_or_a_capability_and_status_narrows_it(vera, db):
     assert names(body) == ["n-004"] and "1 node matching" not in body and "Nodes 1–1 of 1 matching" in body
     # The chips count the whole fleet, and keep the search.
     assert 'data-total="online">online <strong>4</strong>' in body
-    assert 'href="?q=-00&amp;status=online"' in body
+    assert 'href="/?q=-00&amp;status=online"' in body
     # Capability characters only: a quote or a comma would match the stored list's own punctuation.
     assert names(vera.get(BOARD, {"q": '","'}).content.decode()) == []
 
@@ -176,7 +176,7 @@ def test_a_page_past_the_end_says_so_and_links_to_the_last_page(vera, db):
     assert response.status_code == 200
     body = response.content.decode()
     assert "There is no page 9: 120 nodes match, 2 pages of 100." in body
-    assert '<a href="?page=2">Go to page 2</a>' in body
+    assert '<a href="/?page=2">Go to page 2</a>' in body
 
 
 def test_an_empty_search_says_no_node_matches(vera, db):
