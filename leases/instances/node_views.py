@@ -99,7 +99,8 @@ def board_context(checked: board_reads.Checked, now: datetime) -> dict:
         "empty_version": page.empty_version(state),
         "here_href": link(state),
         "last_href": link(state, page=page.pages),
-        "prev_href": link(state, page=page.number - 1) if page.number > 1 else None,
+        # Past the end, "previous" is the last page.
+        "prev_href": link(state, page=min(page.number - 1, page.pages)) if page.number > 1 else None,
         "next_href": link(state, page=page.number + 1) if page.number < page.pages else None,
         "first_href": link(state, page=1),
         "columns": columns(state),

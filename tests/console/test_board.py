@@ -177,6 +177,8 @@ def test_a_page_past_the_end_says_so_and_links_to_the_last_page(vera, db):
     body = response.content.decode()
     assert "There is no page 9: 120 nodes match, 2 pages of 100." in body
     assert '<a href="/?page=2">Go to page 2</a>' in body
+    assert 'rel="prev"' in body and 'href="/?page=2" hx-get="/?page=2" hx-target="#fleet-table"' in body
+    assert 'rel="next"' not in body
 
 
 def test_an_empty_search_says_no_node_matches(vera, db):
