@@ -21,6 +21,7 @@ from fleet.api.views import validated
 from leases import reads as lease_reads
 from leases.instances import reads
 from leases.instances.actions import nodes
+from leases.instances.filters import NodeFilterSet
 from slotkeeper import metrics
 from slotkeeper.auth import IsOperator, NodeToken
 
@@ -31,6 +32,9 @@ class NodeViewSet(fleet_views.NodeViewSet):
     def get_serializer_context(self):
         # List and retrieve: every node's committed figures in one aggregate query.
         return {**super().get_serializer_context(), "committed": lease_reads.committed_now(timezone.now())}
+
+    def filterset(self, params, queryset):
+        return NodeFilterSet(params, queryset, now=timezone.now())
 
     def node_context(self, node_ids) -> dict:
         return {
