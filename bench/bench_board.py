@@ -36,6 +36,10 @@ from datetime import timedelta
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+
+from against_main import child_result, export, setup, viewer  # noqa: E402
+
 # Other sessions on this machine run benchmarks too: BOARD_BENCH_DIR keeps this run's files apart.
 _DIR = Path(os.environ.get("BOARD_BENCH_DIR", "/tmp"))
 BASELINE_TREE = _DIR / "slotkeeper_bench_board_baseline"
@@ -47,15 +51,6 @@ CHANGED = (1, 10, 100)
 
 def db_path(nodes: int) -> Path:
     return _DIR / f"slotkeeper_bench_board_{nodes}.sqlite3"
-
-
-def setup(root: Path, database_url: str) -> None:
-    sys.path.insert(0, str(BENCH))
-    from bench_heartbeats import start_django  # it puts this tree on sys.path: the tree measured goes first
-
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != BENCH.parent]
-    sys.path.insert(0, str(root))
-    start_django(database_url)
 
 
 def heartbeats(now) -> None:
@@ -78,19 +73,6 @@ def heartbeats(now) -> None:
         Node.objects.annotate(slot=Mod(F("id"), Value(60))).filter(slot=seconds).update(
             last_heartbeat_at=now - timedelta(seconds=seconds)
         )
-
-
-def viewer():
-    from django.contrib.auth import get_user_model
-    from django.test import Client
-
-    from slotkeeper.management.commands.issue_token import grant_role
-
-    user, _ = get_user_model().objects.get_or_create(username="vera")
-    grant_role(user, "viewer")
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def measure(client, url, repeat: int, htmx: bool, before=None) -> dict:
@@ -183,20 +165,7 @@ def child(args) -> None:
 def run_in(root: Path, nodes: int, repeat: int, baseline: bool, ref: str = "main") -> dict:
     cmd = [sys.executable, __file__, "--child", "--root", str(root), "--nodes", str(nodes)]
     cmd += ["--repeat", str(repeat), "--baseline-ref", ref] + (["--baseline"] if baseline else [])
-    done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"{root}: exit {done.returncode}\n{done.stderr[-3000:]}")
-    line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT"))
-    return json.loads(line[6:])
-
-
-def export(ref: str, repo: Path) -> Path:
-    """A clean export of `ref` (git archive of `repo`) for the baseline, replacing an older one."""
-    subprocess.run(["rm", "-rf", str(BASELINE_TREE)], check=True)
-    BASELINE_TREE.mkdir(parents=True)
-    archive = subprocess.run(["git", "archive", ref], cwd=repo, capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(BASELINE_TREE)], input=archive, check=True)
-    return BASELINE_TREE
+    return child_result(cmd, root)
 
 
 def build(nodes: int, reservations: int, seed: int) -> None:
@@ -269,7 +238,7 @@ def main() -> None:
     sys.path.insert(0, str(BENCH))
     from bench_heartbeats import pct
 
-    tree = None if args.no_baseline else export(args.baseline_ref, Path(args.repo))
+    tree = None if args.no_baseline else export(args.baseline_ref, Path(args.repo), BASELINE_TREE)
     ref = subprocess.run(["git", "rev-parse", "--short", args.baseline_ref], cwd=args.repo,
                          capture_output=True, text=True, check=False).stdout.strip()  # fmt: skip
     checks = []
