@@ -1,8 +1,8 @@
 """Benchmark a planning pass's row writes on PostgreSQL (slotkeeper/bulk.py): the client CPU of inserting a pass's
 worth of placement reports and audit rows, each way the project has written them, alternating in the same run.
 
-- reports as model instances against `bulk.Row`s (what `store.placement_report` returns since 2ac1a38): building
-  the objects, then inserting them;
+- reports as model instances against `bulk.Row`s (what `placement_report`, leases/planning/reporting.py, returns
+  since 2ac1a38): building the objects, then inserting them;
 - the same Rows with their plain JSON columns (request, chosen) prepared by Django's adapter, which psycopg dumps
   with Python's json (the baseline, as before 2d4fcc7), against JSON text cast to jsonb by the statement
   (`bulk._json_text`);

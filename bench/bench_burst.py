@@ -29,7 +29,7 @@ Variants, each from the same fleet:
 
 - stored: every request stored as an intent at once (a lease in state `new`, as `do_submit_lease` stores it),
   then planning passes run, as the tick runs them, until none is left: the application's own group commit at its
-  largest batches (`store.MAX_BATCH`), with every report, audit row, alert and event, and none of the requests'
+  largest batches (`intents.MAX_BATCH`), with every report, audit row, alert and event, and none of the requests'
   own costs (the intent's transaction, the wait, the answer). The floor under every concurrent variant.
 - batched xB (`--batched B`): the suggested group commit, approximated from outside the application: B requests
   share one planning pass. No audit row, report or event per lease, so it is a ceiling for that fix (see
@@ -484,14 +484,14 @@ def in_process(database_url: str, asks: list[Ask], workers: int, threads: int = 
 
 def batched_ceiling(asks: list[Ask], batch: int) -> Burst:
     """The suggested group commit, approximated from outside the application: `batch` requests share one
-    `store.planning` pass (one lock, one fleet read, one journal write), each submitted with `defer=True` and the
+    `passes.planning` pass (one lock, one fleet read, one journal write), each submitted with `defer=True` and the
     queue processed once. It writes the Lease rows and the journal as the action does, but no audit row, no
     PlacementReport and no event per lease, so it is a ceiling for that fix, not what the API does."""
     from django.contrib.auth import get_user_model
     from django.utils import timezone
 
-    from leases import store
     from leases.models import Lease
+    from leases.planning import passes, records
 
     actor = get_user_model().objects.get(username=OPERATOR)
     burst = Burst()
@@ -499,10 +499,10 @@ def batched_ceiling(asks: list[Ask], batch: int) -> Burst:
     for k in range(0, len(asks), batch):
         t = time.perf_counter()
         now = timezone.now()
-        with store.planning(now) as plan:
+        with passes.planning(now) as plan:
             rows = Lease.objects.bulk_create(a.intent(now, actor) for a in asks[k : k + batch])
             for lease in rows:
-                decision = plan.scheduler.submit(store.request_of(lease), plan.t, plan.excluded, defer=True)
+                decision = plan.scheduler.submit(records.request_of(lease), plan.t, plan.excluded, defer=True)
                 burst.answers["accepted" if decision.accepted else "rejected"] += 1
             plan.scheduler.advance(plan.t, plan.excluded)
         # Every request of a batch waits for the whole batch.
@@ -517,8 +517,8 @@ def stored_ceiling(asks: list[Ask]) -> Burst:
     from django.contrib.auth import get_user_model
     from django.utils import timezone
 
-    from leases import store
     from leases.models import Lease, LeaseState
+    from leases.planning import passes
 
     actor = get_user_model().objects.get(username=OPERATOR)
     now = timezone.now()
@@ -527,7 +527,7 @@ def stored_ceiling(asks: list[Ask]) -> Burst:
     started, cpu = time.perf_counter(), time.process_time()
     waiting = len(asks)
     while waiting:
-        with store.planning(timezone.now()):
+        with passes.planning(timezone.now()):
             pass
         left = Lease.objects.filter(state=LeaseState.NEW).count()
         burst.latencies.extend([time.perf_counter() - started] * (waiting - left))
@@ -750,11 +750,11 @@ def over_http(
 # (planning contains load and apply); each is a share of the whole submission.
 PARTS = [
     ("do_submit_lease (the whole submission)", "leases/actions.py", "do_submit_lease"),
-    ("  store.planning: lock, version, nodes, write-back", "leases/store.py", "planning"),
-    ("    store.load: every live lease re-read", "leases/store.py", "load"),
+    ("  passes.planning: lock, version, nodes, write-back", "leases/planning/passes.py", "planning"),
+    ("    restore.load: every live lease re-read", "leases/planning/restore.py", "load"),
     ("    placement.read_fleet: every node's row", "fleet/placement.py", "read_fleet"),
-    ("    store.apply: the journal written", "leases/store.py", "apply"),
-    ("      _sync_instances", "leases/store.py", "_sync_instances"),
+    ("    applying.apply: the journal written", "leases/planning/applying.py", "apply"),
+    ("      _sync_instances", "leases/planning/applying.py", "_sync_instances"),
     ("  Scheduler.submit (pure planning)", "leases/scheduler.py", "submit"),
     ("  _report: a PlacementReport, a verdict per node", "leases/actions.py", "_report"),
     ("  _group_exclusions", "leases/actions.py", "_group_exclusions"),
@@ -798,7 +798,8 @@ def profile(asks: list[Ask], keep_cache: bool) -> None:
     from django.db import connection
     from django.utils import timezone
 
-    from leases import actions, store
+    from leases import actions
+    from leases.planning import restore
 
     actor = get_user_model().objects.get(username=OPERATOR)
     prof, queries = cProfile.Profile(), []
@@ -814,7 +815,7 @@ def profile(asks: list[Ask], keep_cache: bool) -> None:
             now = timezone.now()
             spec = ask.spec(now)
             if not keep_cache:
-                store.drop_cache()
+                restore.drop_cache()
             count[0] = 0
             prof.enable()
             actions.do_submit_lease(actor, spec, now=now)

@@ -108,7 +108,8 @@ def run(
 
 
 def explain_batch(s: Scheduler, lease_ids: range, now: float) -> None:
-    """Every node's verdict for each lease, as its placement report asks (leases/store.py, placement_report)."""
+    """Every node's verdict for each lease, as its placement report asks (leases/planning/reporting.py,
+    placement_report)."""
     for lease_id in lease_ids:
         rec = s.leases[lease_id]
         vm = rec.current_vm()
@@ -129,7 +130,7 @@ def main() -> None:
         "--batch",
         type=int,
         default=BATCH,
-        help="requests sharing a `now` (a pass takes up to 1,000: store.MAX_BATCH)",
+        help="requests sharing a `now` (a pass takes up to 1,000: intents.MAX_BATCH)",
     )
     parser.add_argument("--reports", action="store_true", help="also explain every lease, as its report does")
     parser.add_argument(

@@ -1,8 +1,8 @@
 """Benchmark what one planning pass costs by the number of requests it plans, and as the slot table fills.
 
-Every lease request is decided by a planning pass (leases/store.py), which plans every request waiting at once. A
-pass has a fixed part (the plan lock, the fleet's read, the version) and a part per request (placing it, its
-1,000-node report, its rows). This separates the two: bench_burst's fleet (1,000 nodes, PostgreSQL) and workload,
+Every lease request is decided by a planning pass (leases/planning/passes.py), which plans every request waiting
+at once. A pass has a fixed part (the plan lock, the fleet's read, the version) and a part per request (placing it,
+its 1,000-node report, its rows). This separates the two: bench_burst's fleet (1,000 nodes, PostgreSQL) and workload,
 requests stored as intents as `do_submit_lease` stores them, then one pass, its CPU (`process_time`) measured.
 
 - by batch: `--rounds` passes of each of 1, 5, 23 and 100 requests while the slot table is still nearly empty (at
@@ -52,8 +52,8 @@ class Passes:
         from django.db import connection
         from django.utils import timezone
 
-        from leases import store
         from leases.models import Lease, LeaseState
+        from leases.planning import passes
 
         now = timezone.now()
         asks = self.asks[self.taken : self.taken + count]
@@ -65,7 +65,7 @@ class Passes:
         server = psutil.Process(pid)
         server_cpu = sum(server.cpu_times()[:2])
         cpu = time.process_time()
-        with store.planning(timezone.now()):
+        with passes.planning(timezone.now()):
             pass
         took = time.process_time() - cpu
         server_cpu = sum(server.cpu_times()[:2]) - server_cpu

@@ -10,7 +10,7 @@ neighbours' noise falls on all of them alike:
 - dry run (baseline): the scheduler's `propose` alone, the pure part (CPU inside a planning pass);
 - empty planning pass: the plan lock, the fleet read, the cached scheduler caught up, the commit;
 - do_preview (action): the whole preview below the API (`leases.actions.do_preview`): the read of the scheduler
-  the last pass committed (`store.consulting`; a pass when that is not current), the dry run, every node's
+  the last pass committed (`reading.consulting`; a pass when that is not current), the dry run, every node's
   verdict, the report saved and audited, its rows decoded for the answer;
 - render the response: the answer's JSON, as DRF renders it;
 - whole request: the POST through DRF's APIClient as an operator;
@@ -174,14 +174,14 @@ class Parts:
 
     def propose(self) -> None:
         """The baseline: the scheduler's dry run alone (pure), on the scheduler the last preview used."""
-        from leases import store
+        from leases.planning import passes, records
         from leases.scheduler import LeaseRequest
 
-        with store.planning(_now()) as plan:
+        with passes.planning(_now()) as plan:
             probe = LeaseRequest(
                 id=-1, type="immediate", submit=plan.t, start=None, duration=3600,
                 vnodes=self.report_request, preemptible=False,
-                barred=store.barred_nodes(NEED["capabilities"], (), plan.nodes),
+                barred=records.barred_nodes(NEED["capabilities"], (), plan.nodes),
             )  # fmt: skip
             c = time.thread_time()
             plan.scheduler.propose(probe, plan.t, plan.t + 3600, plan.excluded)
@@ -195,9 +195,9 @@ class Parts:
 
     def planning(self) -> None:
         """A planning pass with nothing to plan: the lock, the fleet read, the scheduler caught up, the commit."""
-        from leases import store
+        from leases.planning import passes
 
-        with store.planning(_now()):
+        with passes.planning(_now()):
             pass
 
     def action(self) -> None:

@@ -18,10 +18,12 @@ as the API makes them:
 - rejected (capability): an immediate lease needing a capability only 20 % of the nodes have and larger than
   any of those has free: most verdicts carry their own sentence (missing_capability), the stored worst case.
 
-The report step (`store.placement_report`, which is `store.report_row`, called by the planning pass for each
-decided request, and the pass's INSERT of its reports, `store.insert_many`) is wrapped with a timer, and split
-into the verdicts (`Scheduler.explain`; of it, the slot table's columns brought up to date after the pass, the
-window's gather over them and naming the blocking leases), the encoding (`fleet.reports.encode`) and the write. The size is `len(json.dumps(report.verdicts))`, what the JSON column holds.
+The report step (`placement_report`, which is `report_row`, called by the planning pass for each decided request,
+and the pass's INSERT of its reports, `insert_many`; leases/planning/intents.py and reporting.py) is wrapped with
+a timer, and split into the verdicts (`Scheduler.explain`; of it, the slot table's columns brought up to date
+after the pass, the window's gather over them and naming the blocking leases), the encoding
+(`fleet.reports.encode`) and the write. The size is `len(json.dumps(report.verdicts))`, what the JSON column
+holds.
 
 The baseline, in the same call on the same plan, right after the real one: the format reports
 had before they were compact (`git show 4c27d19:leases/actions.py`, `_report`), a dict per node with
@@ -123,13 +125,13 @@ def fill_slot_table(count: int, rng: random.Random, batch: int = 500) -> Counter
     2 to 24 hours), the rest advance reservations starting within two days (1 to 8 hours)."""
     from django.utils import timezone
 
-    from leases import store
     from leases.models import Lease
+    from leases.planning import passes, records
 
     answers: Counter[str] = Counter()
     for k in range(0, count, batch):
         now = timezone.now()
-        with store.planning(now) as plan:
+        with passes.planning(now) as plan:
             rows = []
             for i in range(k, min(k + batch, count)):
                 cores = rng.choice([1, 2, 4, 8])
@@ -147,11 +149,24 @@ def fill_slot_table(count: int, rng: random.Random, batch: int = 500) -> Counter
                     )
                 )
             for lease in Lease.objects.bulk_create(rows):
-                decision = plan.scheduler.submit(store.request_of(lease), plan.t, plan.excluded, defer=True)
+                decision = plan.scheduler.submit(records.request_of(lease), plan.t, plan.excluded, defer=True)
                 answers["placed" if decision.accepted else "rejected"] += 1
                 plan.reported.add(lease.pk)  # the set-up writes no report per lease
             plan.scheduler.advance(plan.t, plan.excluded)
     return answers
+
+
+def report_builders() -> list:
+    """The modules whose `placement_report` and `insert_many` a pass calls, each where it looks them up: the
+    waiting requests' reports (leases/planning/intents.py) and the queue's placements (reporting.py); before
+    leases/planning/ (2026-12-06), the one module leases/store.py, so earlier revisions are timed too."""
+    try:
+        from leases.planning import intents, reporting
+    except ImportError:
+        from leases import store
+
+        return [store]
+    return [intents, reporting]
 
 
 # --- what is measured --------------------------------------------------------------------------------------------
@@ -159,7 +174,7 @@ def fill_slot_table(count: int, rng: random.Random, batch: int = 500) -> Counter
 
 @dataclass
 class Sample:
-    new_ms: float = 0.0  # store.placement_report + the pass's INSERT of it
+    new_ms: float = 0.0  # placement_report + the pass's INSERT of it
     new_cpu_ms: float = 0.0  # the same in this thread's CPU time
     explain_ms: float = 0.0
     encode_ms: float = 0.0
@@ -186,7 +201,6 @@ class Probe:
     def __init__(self) -> None:
         from fleet import reports
         from fleet.models import PlacementReport
-        from leases import store
         from leases.scheduler import Scheduler
         from leases.slots.arrays import NodeArrays
         from leases.slottable import SlotTable
@@ -195,15 +209,17 @@ class Probe:
         self.building = False  # inside the real report's build (not the baseline's explain)
         self._explain = Scheduler.explain
         self._encode = reports.encode
-        self._placement_report = store.placement_report
-        # The pass's write: store.insert_many; PlacementReport.objects.bulk_create before 2026-11-30 (sixth
+        builders = report_builders()
+        first = builders[0]
+        self._placement_report = first.placement_report
+        # The pass's write: insert_many; PlacementReport.objects.bulk_create before 2026-11-30 (sixth
         # session), so this benchmark also times earlier revisions for a same-run baseline.
-        self._writes_many = hasattr(store, "insert_many")
-        self._insert_many = store.insert_many if self._writes_many else PlacementReport.objects.bulk_create
+        self._writes_many = hasattr(first, "insert_many")
+        self._insert_many = first.insert_many if self._writes_many else PlacementReport.objects.bulk_create
         self.pending: tuple | None = None
         self.deferred: list[tuple] = []
-        self.pipelines = hasattr(store, "pipelined")
-        self._pipelined = getattr(store, "pipelined", None)
+        self.pipelines = hasattr(first, "pipelined")
+        self._pipelined = getattr(first, "pipelined", None)
         self.last_call: tuple | None = None
         probe = self
 
@@ -221,7 +237,7 @@ class Probe:
             return out
 
         def placement_report(plan, lease_id, **kwargs):
-            # The build: the pass calls this once per decided request (store._plan_intents).
+            # The build: the pass calls this once per decided request (intents._plan_intents).
             s = probe.sample
             s.explain_ms = s.encode_ms = s.arrays_ms = s.gather_ms = s.blockers_ms = 0.0
             t, c = time.perf_counter(), time.thread_time()
@@ -263,7 +279,8 @@ class Probe:
 
         Scheduler.explain = explain  # type: ignore[method-assign]
         reports.encode = encode
-        store.placement_report = placement_report
+        for module in builders:
+            module.placement_report = placement_report
         # Blocking leases: SlotTable.blocking_leases; explain called blockers before 2026-11-30 (sixth session).
         naming = "blocking_leases" if hasattr(SlotTable, "blocking_leases") else "blockers"
         for owner, name, part in (
@@ -272,13 +289,13 @@ class Probe:
             (SlotTable, naming, "blockers_ms"),
         ):
             setattr(owner, name, self._part(getattr(owner, name), part))
-        if self.pipelines:
-            store.pipelined = pipelined
-        if self._writes_many:
-            store.insert_many = insert_many
-        else:
+        for module in builders:
+            if self.pipelines and hasattr(module, "pipelined"):
+                module.pipelined = pipelined
+            if self._writes_many:
+                module.insert_many = insert_many
+        if not self._writes_many:
             PlacementReport.objects.bulk_create = insert_many
-        self.store = store
 
     def _part(self, method: Callable, part: str) -> Callable:
         """`method` timed into the sample's `part` while the real report is being built."""
@@ -384,16 +401,16 @@ def busy_size(hours: float) -> tuple[int, int]:
     other than its size alone. Read from a planning pass, as the scheduler sees the table."""
     from django.utils import timezone
 
-    from leases import store
+    from leases.planning import passes, records
 
-    with store.planning(timezone.now()) as plan:
+    with passes.planning(timezone.now()) as plan:
         table = plan.scheduler.table
         free = [
             table.free_over(n.id, plan.t, plan.t + hours * 3600).mem
             for n in plan.nodes
             if n.id not in plan.excluded
         ]
-        largest = max(store.node_capacity(n).mem for n in plan.nodes)
+        largest = max(records.node_capacity(n).mem for n in plan.nodes)
     size = (max(free) // 1024 + 1) * 1024
     return min(size, largest), largest
 
@@ -520,13 +537,14 @@ def report(kind: str, samples: list[Sample]) -> bool:
 
 
 def profile(decisions: int, busy_mib: int, kind: str = "rejected (busy)") -> None:
-    """cProfile over the report's build alone (`store.placement_report`, which the pass calls for each decided
-    request) of submissions of one kind, with the CPU time of each build measured outside the profiler first."""
+    """cProfile over the report's build alone (`placement_report`, which the pass calls for each decided request)
+    of submissions of one kind, with the CPU time of each build measured outside the profiler first."""
     from django.utils import timezone
 
-    from leases import actions, store
+    from leases import actions
 
-    inner = store.placement_report
+    builders = report_builders()
+    inner = builders[0].placement_report
     prof = cProfile.Profile()
     cpu: list[float] = []
 
@@ -545,10 +563,12 @@ def profile(decisions: int, busy_mib: int, kind: str = "rejected (busy)") -> Non
             prof.disable()
 
     for wrapper in (timed, profiled):
-        store.placement_report = wrapper
+        for module in builders:
+            module.placement_report = wrapper
         for i in range(decisions):
             actions.do_submit_lease(None, spec_of(kind, i, busy_mib), now=timezone.now())
-    store.placement_report = inner
+    for module in builders:
+        module.placement_report = inner
     print(
         f"report build, unprofiled: CPU p50 {pct(cpu, 50):.2f} ms, p99 {pct(cpu, 99):.2f} ms over {decisions}"
     )

@@ -31,6 +31,10 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+
+from against_main import child_result, export, setup, viewer  # noqa: E402
+
 # Other sessions on this machine run the same benchmark: SLOT_PAGE_BENCH_DIR keeps this run's files apart.
 _DIR = Path(os.environ.get("SLOT_PAGE_BENCH_DIR", "/tmp"))
 DB = _DIR / "slotkeeper_bench_slot_page.sqlite3"
@@ -39,28 +43,6 @@ PAGE_TARGET_MS = 300.0
 ROWS_TARGET_MS = 150.0
 PAYLOAD_TARGET_KIB = 500.0
 NODES, RESERVATIONS = 1000, 10_000
-
-
-def setup(root: Path, database_url: str) -> None:
-    sys.path.insert(0, str(BENCH))
-    from bench_heartbeats import start_django  # it puts this tree on sys.path: the tree measured goes first
-
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != BENCH.parent]
-    sys.path.insert(0, str(root))
-    start_django(database_url)
-
-
-def viewer():
-    from django.contrib.auth import get_user_model
-    from django.test import Client
-
-    from slotkeeper.management.commands.issue_token import grant_role
-
-    user, _ = get_user_model().objects.get_or_create(username="vera")
-    grant_role(user, "viewer")
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def measure(client, urls: list[str], repeat: int, htmx: bool) -> dict:
@@ -124,20 +106,7 @@ def child(args) -> None:
 def run_in(root: Path, start: datetime, repeat: int, baseline: bool, ref: str = "main") -> dict:
     cmd = [sys.executable, __file__, "--child", "--root", str(root), "--start", start.isoformat()]
     cmd += ["--repeat", str(repeat), "--baseline-ref", ref] + (["--baseline"] if baseline else [])
-    done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"{root}: exit {done.returncode}\n{done.stderr[-3000:]}")
-    line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT"))
-    return json.loads(line[6:])
-
-
-def export(ref: str, repo: Path) -> Path:
-    """A clean export of `ref` (git archive of `repo`) for the baseline, replacing an older one."""
-    subprocess.run(["rm", "-rf", str(BASELINE_TREE)], check=True)
-    BASELINE_TREE.mkdir(parents=True)
-    archive = subprocess.run(["git", "archive", ref], cwd=repo, capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(BASELINE_TREE)], input=archive, check=True)
-    return BASELINE_TREE
+    return child_result(cmd, root)
 
 
 def main() -> None:
@@ -175,7 +144,7 @@ def main() -> None:
 
     results = {}
     if not args.no_baseline:
-        tree = export(args.baseline_ref, Path(args.repo))
+        tree = export(args.baseline_ref, Path(args.repo), BASELINE_TREE)
         results.update(run_in(tree, start, args.repeat, baseline=True, ref=args.baseline_ref))
     results.update(run_in(BENCH.parent, start, args.repeat, baseline=False))
 

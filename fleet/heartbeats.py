@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Collection
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -25,7 +25,7 @@ from django.db import connection, transaction
 from fleet import actions, nodestate
 from fleet.actions import HealthReport
 from fleet.models import HealthSample, Node
-from slotkeeper import events
+from slotkeeper import events, metrics
 from slotkeeper.auth import NodeToken, node_tokens
 
 # A node whose instance report changes between flushes keeps each distinct report (an exit then a restart must
@@ -186,3 +186,33 @@ def _flush_postgresql(entries: list[Pending], busy: set[int]) -> tuple[int, list
         and last >= by_id[node_id].at
     }
     return len(written), [by_id[node_id] for node_id in sorted(missed - superseded)]
+
+
+def ages(received: Mapping[int, Sequence[datetime]]) -> list[float]:
+    """How old each node's last stored heartbeat was when each of `received` (node id -> arrival times, oldest
+    first) arrived: the first against the node row, read before the write that replaces it (one statement for a
+    whole flush), each next one against the one before. The database's time, not this process's memory, so a node
+    whose heartbeats reach several Daphnes in turn is measured all the same. A node's very first heartbeat has no
+    age."""
+    rows = Node.objects.filter(pk__in=list(received)).order_by().values_list("id", "last_heartbeat_at")
+    stored = dict(rows)
+    return ages_since(stored, received)
+
+
+def ages_since(
+    stored: Mapping[int, datetime | None], received: Mapping[int, Sequence[datetime]]
+) -> list[float]:
+    out = []
+    for node_id, arrivals in received.items():
+        before = stored.get(node_id)
+        for at in arrivals:
+            if before is not None and at >= before:
+                out.append((at - before).total_seconds())
+            before = at if before is None or at > before else before
+    return out
+
+
+def count_ages(seconds: Sequence[float]) -> None:
+    """Into slotkeeper_heartbeat_age_seconds, once the heartbeats they measure are written."""
+    for age in seconds:
+        metrics.observe("slotkeeper_heartbeat_age_seconds", age)

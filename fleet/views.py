@@ -1,16 +1,20 @@
 """Console pages of the fleet: the pieces of the board and the node page (rows with observed memory and the capacity
-figures, allocatable and committed now, in user units; totals; the health chart) and a stored placement report. The
+figures, allocatable and committed now, in user units, and each row's version for the board's live patches; the
+fleet's sums as one aggregate query; the health chart) and a stored placement report. The
 board, the node page and its forms (drain, declare-dead, re-admit) and the placement preview show or change what
 runs on nodes, so they are composed one layer up (leases/instances/node_views.py) from these pieces."""
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from django.db.models import Count, Q, Sum
 from django.shortcuts import get_object_or_404, render
 
 from fleet import nodestate
+from fleet.filters import allocatable_mem
 from fleet.models import HealthSample, Node, NodeStatus, PlacementReport
 from fleet.placement import snapshot
 from slotkeeper.decorators import role_required
@@ -35,6 +39,19 @@ def memory_pair(part: int, whole: int) -> str:
 
 def cores(value: float) -> str:
     return f"{value:g} core{'' if value == 1 else 's'}"
+
+
+def age_words(seconds: float) -> str:
+    """A health age as a person reads it: "12 s", "5 min", "3 h", "2 d" (console.js writes it the same way as it
+    counts the age up between updates)."""
+    s = int(max(0.0, seconds) + 0.5)  # half up, as Math.round in console.js
+    if s < 120:
+        return f"{s} s"
+    if s < 120 * 60:
+        return f"{s // 60} min"
+    if s < 48 * 3600:
+        return f"{s // 3600} h"
+    return f"{s // 86400} d"
 
 
 @dataclass(frozen=True)
@@ -154,6 +171,30 @@ class NodeRow:
         """Observed used memory in percent of declared (the heartbeat counts the host's own use too)."""
         return min(100.0, 100.0 * (self.observed_mib or 0) / max(self.node.mem_total_mib, 1))
 
+    @property
+    def age_text(self) -> str:
+        return "never" if self.age is None else age_words(self.age)
+
+    @property
+    def seen(self) -> float | None:
+        """The last heartbeat in seconds since the epoch: the page counts the age up from it itself, so a row
+        does not change (and is not sent again) every second only because time passed."""
+        at = self.node.last_heartbeat_at
+        return round(at.timestamp(), 1) if at else None
+
+    @property
+    def version(self) -> str:
+        """A fingerprint of everything the row shows but its age: a live page sends the versions it shows and is
+        sent only the rows whose version moved (leases/instances/board.py)."""
+        n = self.node
+        shown = (
+            n.pk, n.name, n.status, n.status_reason, n.last_heartbeat_at,
+            n.cpu_cores, n.mem_total_mib, n.disk_total_gib, n.idle_baseline_mib, self.figures.of,
+            self.observed_mib, n.obs_disk_free_gib, n.obs_cpu_pct, n.capabilities,
+            n.drain_reason, n.drained_by_id, n.drained_at,
+        )  # fmt: skip
+        return f"{zlib.crc32(repr(shown).encode()):08x}"
+
 
 @dataclass
 class CapacityTotals:
@@ -176,21 +217,27 @@ class CapacityTotals:
         names = ("mem_mib", "online_mem_mib", "observed_mib", "allocatable_mib", "committed_mib")
         return {name.removesuffix("_mib"): round(getattr(self, name) / 1024, 1) for name in names}
 
-    def add(self, row: NodeRow) -> None:
-        n = row.node
-        self.nodes += 1
-        self.cores += n.cpu_cores
-        self.mem_mib += n.mem_total_mib
-        self.over += row.figures.over
-        if n.status != NodeStatus.ONLINE:
-            return
-        self.online_cores += n.cpu_cores
-        self.online_mem_mib += n.mem_total_mib
-        self.observed_mib += row.observed_mib or 0
-        self.allocatable_cores += row.figures.of.allocatable.cpu_cores
-        self.allocatable_mib += row.figures.of.allocatable.mem_mib
-        self.committed_cores += row.figures.of.committed.cpu_cores
-        self.committed_mib += row.figures.of.committed.mem_mib
+
+def fleet_sums() -> tuple[dict[str, int], CapacityTotals]:
+    """Nodes per status and the fleet's declared, online, observed and allocatable sums: one aggregate query,
+    whatever the fleet's size. What the slot table holds (committed, over allocatable) is added by the layer
+    that knows leases (leases/instances/board.py)."""
+    online = Q(status=NodeStatus.ONLINE)
+    sums = Node.objects.aggregate(
+        nodes=Count("id"),
+        cores=Sum("cpu_cores"),
+        mem_mib=Sum("mem_total_mib"),
+        online_cores=Sum("cpu_cores", filter=online),
+        online_mem_mib=Sum("mem_total_mib", filter=online),
+        observed_mib=Sum("obs_mem_used_mib", filter=online),
+        allocatable_mib=Sum(allocatable_mem(), filter=online),
+        **{f"status_{s}": Count("id", filter=Q(status=s)) for s in NodeStatus.values},
+    )
+    counts = {s: sums.pop(f"status_{s}") or 0 for s in NodeStatus.values}
+    totals = CapacityTotals(**{name: value or 0 for name, value in sums.items()})
+    # Every core of an online node is allocatable (nodestate.allocatable reserves memory and disk only).
+    totals.allocatable_cores = float(totals.online_cores)
+    return counts, totals
 
 
 def node_rows(
@@ -207,13 +254,6 @@ def node_rows(
         )
         for node, state in zip(nodes, snapshot(now, nodes), strict=True)
     ]
-
-
-def matches(node: Node, status: str, q: str) -> bool:
-    if status and node.status != status:
-        return False
-    q = q.lower()
-    return not q or q in node.name.lower() or any(q in c.lower() for c in node.capabilities or ())
 
 
 def chart(samples: list[HealthSample], now: datetime, width: int = 600, height: int = 100) -> dict | None:

@@ -213,9 +213,10 @@ KINDS = {"best_effort": "best-effort", "advance_reservation": "advance reservati
 
 def request_words(request: Mapping | None) -> str:
     """A stored placement request as a person says it. Two forms are stored: what the scheduler was asked
-    (leases/store.py, `report_row`: {"type", "vnodes": [...], "duration_s"}; every decision's and preview's
-    report) reads "best-effort, 2 × (1 core, 2 GiB, 5 GiB disk) for 20 min"; the placer's form ({'mem_mib':
-    2048, 'cpu_cores': 1.0, 'count': 1, ...}) reads "1 × (1 core, 2 GiB, 5 GiB disk), preferred node gpu-01"."""
+    (leases/planning/reporting.py, `report_row`: {"type", "vnodes": [...], "duration_s"}; every decision's and
+    preview's report) reads "best-effort, 2 × (1 core, 2 GiB, 5 GiB disk) for 20 min"; the placer's form
+    ({'mem_mib': 2048, 'cpu_cores': 1.0, 'count': 1, ...}) reads "1 × (1 core, 2 GiB, 5 GiB disk), preferred node
+    gpu-01"."""
     if not request:
         return ""
     if "vnodes" in request or "type" in request:

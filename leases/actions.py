@@ -1,7 +1,7 @@
 """The write paths of the lease core: submit, cancel, and the lease part of the tick. Each runs inside the plan
-applier (store.planning): one transaction, one lock, an audit row, events after commit. Reads are in
-leases/reads.py; what happens to instances beyond their rows (restarts, loss, reschedules, drains) is the
-instances package's (leases/instances/), which composes the whole periodic step around `recorded_tick`."""
+applier (leases/planning/passes.py, `planning`): one transaction, one lock, an audit row, events after commit.
+Reads are in leases/reads.py; what happens to instances beyond their rows (restarts, loss, reschedules, drains)
+is the instances package's (leases/instances/), which composes the whole periodic step around `recorded_tick`."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from fleet import wording
 from fleet.models import PlacementReport, SweepState
-from leases import forecasting, negotiating, reads, store, vnodes
+from leases import forecasting, negotiating, reads, vnodes
 from leases.alerts import raise_alert, resolve_open
 from leases.lifecycle import IllegalTransition, LeaseState
 from leases.models import (
@@ -31,6 +31,11 @@ from leases.models import (
     Reservation,
     SchedulerState,
 )
+from leases.planning.passes import planning
+from leases.planning.reading import consulting
+from leases.planning.records import barred_nodes, from_epoch, to_epoch
+from leases.planning.reporting import report_row
+from leases.planning.waiting import await_decision
 from leases.request_rules import MAX_NOTIFY_BEFORE_S
 from leases.scheduler import Decision, EndChange, LeaseRequest
 from slotkeeper import audit, bulk, events, metrics, outbox, planwake, statements
@@ -218,7 +223,7 @@ def do_submit_leases(actor, items: list[BatchItem], *, now: datetime) -> list[Ba
     fresh = [pk for _, pk, replayed in stored if not replayed]
     if fresh:
         # Intents are planned oldest first (submitted_at, then id): once the last is decided, so are all the others.
-        store.await_decision(max(fresh), now, since=since)
+        await_decision(max(fresh), now, since=since)
     answers = _answers([pk for _, pk, _ in stored], now)
     for (item, _, replayed), submitted in zip(stored, answers, strict=True):
         submitted.replayed = replayed
@@ -252,7 +257,7 @@ def _answers(lease_ids: list[int], now: datetime) -> list[Submitted]:
     pending = [pk for pk in lease_ids if pk not in leases or leases[pk].state == LeaseState.NEW]
     if pending:
         for pk in pending:
-            leases[pk] = store.await_decision(pk, now, since=None)
+            leases[pk] = await_decision(pk, now, since=None)
     subjects = [f"lease:{pk}" for pk in lease_ids]
     first: dict[str, PlacementReport] = {}
     for report in PlacementReport.objects.filter(subject__in=subjects).order_by("id"):
@@ -297,7 +302,7 @@ def _earlier_request(actor, idempotency: Idempotency) -> int | None:
 def _answer(
     lease_id: int, now: datetime, *, since: int | None, groups: list | None = None, replayed: bool = False
 ) -> Submitted:
-    lease = store.await_decision(lease_id, now, since=since)
+    lease = await_decision(lease_id, now, since=since)
     if groups is not None:
         # Its groups are the request's: set with the row, and a pass never changes them (the answer reads no
         # more).
@@ -331,25 +336,25 @@ def do_preview(actor, data: dict, *, now: datetime) -> tuple[dict, PlacementRepo
     submission of that lease takes (`Scheduler.decide`): the preview differs from a submission only in writing no
     lease. Kept as a report with every node's verdict and audited; nothing is placed.
 
-    A read: asked of the scheduler the last pass committed when it is current (store.consulting), so a preview
+    A read: asked of the scheduler the last pass committed when it is current (`reading.consulting`), so a preview
     takes no plan lock and bumps no version; the report and its audit row are written after, in a transaction
     of their own."""
     size = vnodes.as_res({k: data[k] for k in ("cpu_cores", "mem_mib", "disk_gib")})
     start_at = data.get("start")
     duration = data.get("duration_s") or 3600
-    with store.consulting(now) as plan:
+    with consulting(now) as plan:
         others = [n.id for n in plan.nodes if n.name != data.get("preferred_node")]
         preferred = data.get("preferred_node") and len(others) < len(plan.nodes)
         probe = LeaseRequest(
             id=PREVIEW_ID,
             type="advance_reservation" if start_at is not None else "immediate",
             submit=plan.t,
-            start=store.to_epoch(start_at) if start_at is not None else None,
+            start=to_epoch(start_at) if start_at is not None else None,
             duration=duration,
             vnodes=(size,) * data["count"],
             preemptible=False,
             avoid=frozenset(others) if preferred else frozenset(),
-            barred=store.barred_nodes(data["capabilities"], (), plan.nodes),
+            barred=barred_nodes(data["capabilities"], (), plan.nodes),
             capabilities=frozenset(data["capabilities"]),
         )
         trial = plan.scheduler.decide(probe, plan.t, plan.excluded)
@@ -361,7 +366,7 @@ def do_preview(actor, data: dict, *, now: datetime) -> tuple[dict, PlacementRepo
         )
         picked = trial.nodes
         names = plan.names
-        report = store.report_row(
+        report = report_row(
             plan, probe, trial.start, trial.end, outcome=trial.outcome, message="", subject="preview",
             requested_by=actor_label(actor), proposed=picked,
         )  # fmt: skip
@@ -403,8 +408,8 @@ def do_preview(actor, data: dict, *, now: datetime) -> tuple[dict, PlacementRepo
         "nodes": list(report.chosen),
         "message": report.message,
         "preferred_note": note or None,
-        "start": store.from_epoch(trial.start),
-        "end": store.from_epoch(trial.end),
+        "start": from_epoch(trial.start),
+        "end": from_epoch(trial.end),
         "preempts": list(trial.preempt),
         "report": report.pk,
         "summary": report.summary,
@@ -428,8 +433,8 @@ class EndChanged:
         out: dict = {
             "lease": self.lease.pk,
             "dry_run": self.dry_run,
-            "from_end": None if math.isnan(c.old_end) else store.from_epoch(c.old_end),
-            "end": None if math.isnan(c.new_end) else store.from_epoch(c.new_end),
+            "from_end": None if math.isnan(c.old_end) else from_epoch(c.old_end),
+            "end": None if math.isnan(c.new_end) else from_epoch(c.new_end),
             "message": c.message,
             "replanned": list(c.replanned),
         }
@@ -438,7 +443,7 @@ class EndChanged:
             labels = dict(Lease.objects.filter(pk__in=c.blocking).values_list("pk", "name"))
             out["code"] = c.code
             out["blocking"] = [{"id": i, "name": labels.get(i, "")} for i in c.blocking]
-            out["latest_end"] = store.from_epoch(c.latest_end) if c.latest_end is not None else None
+            out["latest_end"] = from_epoch(c.latest_end) if c.latest_end is not None else None
             out["verdicts"] = [
                 {
                     "node": self.names.get(n, str(n)),
@@ -466,12 +471,12 @@ def do_change_end(
     state, for an end before its start or now (what the lease is now, not the request's form), or for want of
     room: answered, not done (`change.ok` false, `change.code` says which)."""
     lease = reads.get_lease(lease_id)
-    opened = store.consulting(now) if dry_run else store.planning(now)
+    opened = consulting(now) if dry_run else planning(now)
     with opened as plan:
         rec = plan.scheduler.leases.get(lease.pk)
         vm = rec.current_vm() if rec is not None else None
         base = vm.end if vm is not None else math.nan
-        target = store.to_epoch(end) if end is not None else base + float(by_s or 0)
+        target = to_epoch(end) if end is not None else base + float(by_s or 0)
         if rec is None:  # ended, cancelled, rejected: no longer the scheduler's
             change = EndChange(
                 False, lease.pk, math.nan, target, code="not_changeable",
@@ -492,8 +497,8 @@ def do_change_end(
                 lease=lease, at=now, from_state=lease.state, to_state=lease.state, message=said[:2000]
             )
             details = {
-                "from_end": store.from_epoch(change.old_end).isoformat(),
-                "end": store.from_epoch(change.new_end).isoformat(),
+                "from_end": from_epoch(change.old_end).isoformat(),
+                "end": from_epoch(change.new_end).isoformat(),
                 "replanned": list(change.replanned),
             }
             audit.record(
@@ -510,7 +515,7 @@ def do_change_end(
 
 
 def do_cancel_lease(actor, lease_id: int, *, now: datetime, reason: str = "") -> Lease:
-    with store.planning(now) as plan:
+    with planning(now) as plan:
         lease = reads.get_lease(lease_id)
         if lease.pk not in plan.scheduler.leases:
             raise DomainError(f"lease {lease_id} is {lease.state}; it cannot be cancelled")
@@ -604,7 +609,7 @@ def advance(now: datetime) -> None:
     """The lease part of the tick: starts and ends due reservations, processes the queue and re-evaluates; then,
     outside the plan lock, the queue forecast its pass handed off (a large queue's: leases/forecasting.py)."""
     with forecasting.runner() as may_forecast:
-        with store.planning(now) as plan:
+        with planning(now) as plan:
             plan.tick = may_forecast
             plan.scheduler.advance(plan.t, plan.excluded)
             for lease_id, reason in plan.scheduler.replaced:

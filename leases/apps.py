@@ -18,17 +18,19 @@ def lease_gauges():
     from django.db.models import Count
     from django.utils import timezone
 
-    from leases.models import Lease, Reservation, SchedulerState
+    from leases.lifecycle import LeaseState
+    from leases.models import Lease, Reservation, ReservationStatus, SchedulerState
 
-    rows = [
-        ("slotkeeper_leases", {"state": r["state"]}, r["n"])
-        for r in Lease.objects.values("state").annotate(n=Count("id"))
-    ]
-    rows += [
-        ("slotkeeper_reservations", {"status": r["status"]}, r["n"])
-        for r in Reservation.objects.values("status").annotate(n=Count("id"))
-    ]
-    queued = sum(n for name, labels, n in rows if name == "slotkeeper_leases" and "queued" in labels["state"])
+    # Every state and status, 0 when none: a dashboard's line drops to zero instead of vanishing.
+    leases = dict.fromkeys(LeaseState, 0) | dict(
+        Lease.objects.values("state").annotate(n=Count("id")).values_list("state", "n")
+    )
+    reservations = dict.fromkeys(ReservationStatus.values, 0) | dict(
+        Reservation.objects.values("status").annotate(n=Count("id")).values_list("status", "n")
+    )
+    rows = [("slotkeeper_leases", {"state": str(state)}, n) for state, n in leases.items()]
+    rows += [("slotkeeper_reservations", {"status": str(status)}, n) for status, n in reservations.items()]
+    queued = sum(n for state, n in leases.items() if "queued" in state)
     rows.append(("slotkeeper_queue_length", {}, queued))
     state = SchedulerState.objects.filter(pk=1).first()
     if state is not None and state.last_tick_at is not None:
@@ -38,15 +40,8 @@ def lease_gauges():
         rows.append(("slotkeeper_last_tick_duration_seconds", {}, state.last_tick_s))
     if state is not None:
         rows.append(("slotkeeper_tick_failures_in_a_row", {}, state.tick_failures))
-    # The plan queue (group commit): requests stored and waiting for a pass, fleet-wide; this process's last
-    # pass (how many requests it planned, how long it took) and its largest batch. Totals are counters:
-    # slotkeeper_plan_passes_total, slotkeeper_plan_pass_seconds_total, slotkeeper_plan_batched_requests_total.
-    from leases import store
-    from leases.lifecycle import LeaseState
-
-    waiting = next((n for name, labels, n in rows if labels.get("state") == LeaseState.NEW), 0)
-    rows.append(("slotkeeper_plan_queue_depth", {}, waiting))
-    rows.append(("slotkeeper_plan_batch_size_last", {}, store.pass_stats.last_batch))
-    rows.append(("slotkeeper_plan_batch_size_max", {}, store.pass_stats.max_batch))
-    rows.append(("slotkeeper_plan_pass_seconds_last", {}, store.pass_stats.last_seconds))
+    # The plan queue (group commit): requests stored and waiting for a pass, fleet-wide. What the passes did is
+    # counted and timed where they run (leases/pass_metrics.py): slotkeeper_plan_passes_total,
+    # slotkeeper_plan_pass_duration_seconds, slotkeeper_plan_batch_size_last and the rest.
+    rows.append(("slotkeeper_plan_queue_depth", {}, leases[LeaseState.NEW]))
     return rows

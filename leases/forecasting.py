@@ -175,9 +175,9 @@ def commit(job: Job, estimates: Mapping[int, Estimate]) -> int | None:
     """Writes `estimates` only if no pass changed what the forecast reads since `job` was taken: one conditional
     update of SchedulerState (the compare-and-swap), then the changed Lease rows, in one short transaction.
 
-    The conditional update locks SchedulerState's row, which every pass locks first (store._planning), so no pass
-    can commit between the check and the writes: one that is running finishes first and the update then sees
-    what it wrote; one that starts waits for the writes (18-111 ms for 2,000 queued leases on SQLite, as the
+    The conditional update locks SchedulerState's row, which every pass locks first (leases/planning/passes.py),
+    so no pass can commit between the check and the writes: one that is running finishes first and the update then
+    sees what it wrote; one that starts waits for the writes (18-111 ms for 2,000 queued leases on SQLite, as the
     in-pass write took before: bench_forecast.py --db). Returns None when dropped."""
     try:
         with transaction.atomic(durable=True):

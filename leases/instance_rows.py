@@ -1,10 +1,10 @@
 """A lease's instance rows: one per vnode while the lease is active, on the node its VM reservation names.
 
-The plan applier (store.apply) calls `sync_lease_instances` in its own transaction, so a lease's instances always
-follow its reservations. Every state change goes through the pure machine in leases/lifecycle.py (`step`): an
-illegal step is refused and logged, never applied. Everything else that happens to an instance (agent reports,
-restarts, node loss, reschedules, drains) belongs to the instances package above (leases/instances/), which
-uses these helpers; nothing here imports it.
+The plan applier (leases/planning/applying.py, `apply`) calls `sync_many` in its own transaction, so a lease's
+instances always follow its reservations. Every state change goes through the pure machine in leases/lifecycle.py
+(`step`): an illegal step is refused and logged, never applied. Everything else that happens to an instance (agent
+reports, restarts, node loss, reschedules, drains) belongs to the instances package above (leases/instances/),
+which uses these helpers; nothing here imports it.
 """
 
 from __future__ import annotations

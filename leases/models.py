@@ -231,8 +231,9 @@ class SchedulerState(models.Model):
 
 class PlanVersion(models.Model):
     """What one version of the planned world touched: the ids of the leases whose rows its pass wrote. A process
-    whose cached scheduler is a few versions behind re-reads only these leases (store.catch_up) instead of every
-    live lease; rows older than the newest PLAN_VERSIONS_KEPT are pruned, and a process further behind reloads."""
+    whose cached scheduler is a few versions behind re-reads only these leases (leases/planning/restore.py,
+    `catch_up`) instead of every live lease; rows older than the newest PLAN_VERSIONS_KEPT are pruned, and a
+    process further behind reloads."""
 
     version = models.PositiveBigIntegerField(primary_key=True)
     leases = models.JSONField(default=list)

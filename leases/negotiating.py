@@ -1,5 +1,5 @@
 """Counter-offers (issue 48): when an advance reservation does not fit its window, when it could, and who is in the
-way. A read: asked of the scheduler as the last pass left it (`store.consulting`), never written.
+way. A read: asked of the scheduler as the last pass left it (`reading.consulting`), never written.
 
 `alternatives` are up to three earliest windows of the same duration, at or after the asked start, in which the
 whole lease would be placed now, each decided by the step its submission takes (`Scheduler.decide`), so that
@@ -13,8 +13,11 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from leases import reads, store
+from leases import reads
 from leases.models import Lease
+from leases.planning.plan import Planning
+from leases.planning.reading import consulting
+from leases.planning.records import from_epoch, request_of
 from leases.scheduler import LeaseRequest
 
 # The probe's id: no lease's (the preview's).
@@ -23,7 +26,7 @@ PROBE_ID = -1
 NEGOTIABLE = ("fleet_at_capacity", "fleet_unreadable")
 
 
-def offers(plan: store.Planning, req: LeaseRequest) -> dict[str, Any]:
+def offers(plan: Planning, req: LeaseRequest) -> dict[str, Any]:
     """`alternatives` and `blocking` for `req` (an advance reservation) on the scheduler of `plan`."""
     sched = plan.scheduler
     names = plan.names
@@ -34,8 +37,8 @@ def offers(plan: store.Planning, req: LeaseRequest) -> dict[str, Any]:
     return {
         "alternatives": [
             {
-                "start": _iso(store.from_epoch(t.start)),
-                "end": _iso(store.from_epoch(t.end)),
+                "start": _iso(from_epoch(t.start)),
+                "end": _iso(from_epoch(t.end)),
                 "nodes": [names.get(n, str(n)) for n in t.nodes],
             }
             for t in found
@@ -57,11 +60,11 @@ def counter_offers_many(leases: list[Lease], now: datetime) -> dict[int, dict[st
     if not wanted:
         return {}
     out = {}
-    with store.consulting(now) as plan:
+    with consulting(now) as plan:
         for lease in wanted:
             # Asked as a new request (the rejected lease is no lease of the scheduler's), as if it arrived now.
             probe = replace(
-                store.request_of(lease, reads.lease_groups(lease), plan.nodes), id=PROBE_ID, submit=plan.t
+                request_of(lease, reads.lease_groups(lease), plan.nodes), id=PROBE_ID, submit=plan.t
             )
             if not plan.scheduler.hopeless(probe):
                 out[lease.pk] = offers(plan, probe)

@@ -11,6 +11,8 @@ class SlotkeeperConfig(AppConfig):
         preferences.connect()  # the session takes the account's console preferences at sign-in
         from slotkeeper import collector, metrics, schema  # noqa: F401 (schema registers the OpenAPI extension)
 
-        metrics.register_gauges(metrics.pool_gauges)
+        # This process's own running figures, written to its metrics files at each scrape of it and every few
+        # seconds as it serves (slotkeeper/metrics.py, `sample`).
+        metrics.register_process_source(metrics.pool_gauges)
         collector.watch()
-        metrics.register_gauges(collector.gauges)
+        metrics.register_process_source(collector.gauges)

@@ -28,12 +28,14 @@ from slotkeeper.collector import tune_from_settings  # noqa: E402
 from slotkeeper.consumers import ConsoleConsumer  # noqa: E402
 from slotkeeper.embedded import with_embedded_loop  # noqa: E402
 from slotkeeper.heartbeat_route import HeartbeatRoute  # noqa: E402
+from slotkeeper.timing import RequestTimer  # noqa: E402
 
 application = with_embedded_loop(
     ProtocolTypeRouter(
         {
-            # The agents' steady heartbeats are answered in front of Django (see slotkeeper/heartbeat_route.py).
-            "http": HeartbeatRoute(django_asgi_app),
+            # The agents' steady heartbeats are answered in front of Django (see slotkeeper/heartbeat_route.py);
+            # every request, whoever answers it, is timed (slotkeeper/timing.py).
+            "http": RequestTimer(HeartbeatRoute(django_asgi_app)),
             "websocket": AllowedHostsOriginValidator(
                 AuthMiddlewareStack(URLRouter([path("ws/console/", ConsoleConsumer.as_asgi())]))
             ),

@@ -3,7 +3,15 @@
 import os
 
 from celery import Celery
-from celery.signals import before_task_publish, task_prerun, worker_init, worker_process_init
+from celery.signals import (
+    before_task_publish,
+    task_postrun,
+    task_prerun,
+    worker_init,
+    worker_process_init,
+    worker_process_shutdown,
+    worker_ready,
+)
 
 from slotkeeper.logging import new_request_id, request_id_var
 
@@ -34,3 +42,32 @@ def tune_collector(**_):
     from slotkeeper.collector import tune_from_settings
 
     tune_from_settings()
+
+
+@task_postrun.connect
+def sample_metrics(**_):
+    # The pool process's own figures (its collector, its database pool) into the shared metrics directory, every
+    # few seconds of work: a worker serves no /metrics, the Daphnes sharing its directory do (docs/metrics.md).
+    from slotkeeper import metrics
+
+    metrics.sample_soon()
+
+
+@worker_process_shutdown.connect
+def forget_process_metrics(**_):
+    # A pool process ends with os._exit, which runs no atexit hook: its live gauges leave the sums here.
+    from slotkeeper import metrics
+
+    metrics.process_exits()
+
+
+@worker_ready.connect
+def serve_metrics(**_):
+    # In the worker's main process, once its pool runs: the series of every process in this worker's metrics
+    # directory, where no Daphne reads them (SLOTKEEPER_METRICS_PORT; docs/metrics.md).
+    from django.conf import settings
+
+    if settings.METRICS_PORT:
+        from slotkeeper import metrics
+
+        metrics.serve(settings.METRICS_PORT)

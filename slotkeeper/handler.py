@@ -29,6 +29,8 @@ from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.http import FileResponse
 from django.urls import set_script_prefix
 
+from slotkeeper.timing import ROUTE, route_of
+
 # Idle request threads kept per process; past that a finished request's thread ends, as every thread did before.
 # Peak concurrency decides how many are made; this only bounds how many wait for the next burst.
 KEPT_THREADS = 64
@@ -171,6 +173,9 @@ class OneHopASGIHandler(ASGIHandler):
         the close that sends `request_finished`."""
         signals.request_started.send(sender=self.__class__, scope=scope)
         response = self.get_response(request)
+        scope[ROUTE] = route_of(
+            request
+        )  # what the request's duration is counted under (slotkeeper/timing.py)
         response._handler_class = self.__class__
         if isinstance(response, FileResponse):
             response.block_size = self.chunk_size  # as Django: the server chunks

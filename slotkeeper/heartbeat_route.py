@@ -50,10 +50,13 @@ from leases.instances.actions import heartbeats
 from slotkeeper import metrics, shutdown
 from slotkeeper.auth import authenticate_token, bearer_from, node_tokens
 from slotkeeper.models import hash_token
+from slotkeeper.timing import ROUTE
 
 log = logging.getLogger(__name__)
 
 PATH = re.compile(r"^/api/nodes/([1-9][0-9]{0,17})/heartbeat/?$")
+# The view's URL name: a heartbeat answered here is timed under the same route as one Django answers.
+VIEW_NAME = "api:node-heartbeat"
 # A heartbeat with many instances is a few KiB; anything bigger goes to Django, which bounds its own uploads.
 MAX_BODY = 64 * 1024
 # This route checks a report on the event loop, where every other request of the process waits meanwhile: a
@@ -171,6 +174,7 @@ class HeartbeatRoute:
         answer = None if more else self.accept(int(match.group(1)), scope, body)
         if answer is None:
             return await self.app(scope, _replay(body, more, receive), send)
+        scope[ROUTE] = VIEW_NAME
         headers = [*HEADERS, (b"content-length", str(len(answer)).encode())]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": answer})

@@ -16,8 +16,9 @@ from slotkeeper.planlock import PlanBusy, is_busy_error
 
 
 class ProbeMiddleware(DualModeMiddleware):
-    """Answers /healthz and /readyz before the Host check: a kubelet probes by pod IP, which is (rightly) not in
-    ALLOWED_HOSTS, and a 400 there would keep every web pod out of rotation.
+    """Answers /healthz, /readyz and /metrics before the Host check: a kubelet probes, and Prometheus scrapes, by
+    pod IP, which is (rightly) not in ALLOWED_HOSTS; a 400 there would keep every web pod out of rotation, and
+    every scrape would fail.
 
     Sync or async as the stack is (slotkeeper.middleware.DualModeMiddleware); under Daphne, sync, inside the one
     hand-off the handler makes per request (slotkeeper/handler.py), so a probe costs what it did when this
@@ -98,21 +99,12 @@ def readyz(request):
     return JsonResponse({"ready": ready, "checks": checks}, status=200 if ready else 503)
 
 
-def _line(name: str, labels: dict[str, str], value: float) -> str:
-    if labels:
-        inner = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-        return f"{name}{{{inner}}} {value:g}"
-    return f"{name} {value:g}"
-
-
 @require_GET
 def metrics(request):
-    lines = []
-    for name, labels, value in counters.gauges():
-        lines.append(_line(name, labels, value))
-    for name, labels, value in counters.snapshot():
-        lines.append(_line(name, labels, value))
-    return HttpResponse("\n".join(lines) + "\n", content_type="text/plain; version=0.0.4")
+    # Every process's series in PROMETHEUS_MULTIPROC_DIR and the fleet's gauges, in Prometheus' text format with
+    # HELP and TYPE (slotkeeper/metrics.py, docs/metrics.md).
+    body, content_type = counters.exposition()
+    return HttpResponse(body, content_type=content_type)
 
 
-_PROBES = {"/healthz": healthz, "/readyz": readyz}
+_PROBES = {"/healthz": healthz, "/readyz": readyz, "/metrics": metrics}

@@ -1,4 +1,4 @@
-"""Wakes the requests that wait for a planning pass (the plan applier's group commit, leases/store.py).
+"""Wakes the requests that wait for a planning pass (the plan applier's group commit, leases/planning/).
 
 A lease request stores its intent and waits for whoever holds the plan lock to plan it. It must not poll the
 database in a tight loop while it waits (a burst of a thousand waiters would make a thousand queries every few

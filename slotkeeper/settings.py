@@ -261,6 +261,12 @@ CELERY_BEAT_SCHEDULE = {
 EMBEDDED_LOOP = env_bool("EMBEDDED_LOOP", not REDIS_URL)
 EMBEDDED_LOOP_INTERVAL_S = float(os.environ.get("EMBEDDED_LOOP_INTERVAL_S", "2"))
 
+# Metrics (docs/metrics.md). Where each process keeps its series is PROMETHEUS_MULTIPROC_DIR, read by
+# prometheus-client and slotkeeper/metrics.py before settings are. A Celery worker serves its processes' series on
+# this port when it is set (a worker in a container or pod of its own, which no Daphne shares a directory with);
+# 0: it serves none, and the Daphnes sharing its directory do.
+METRICS_PORT = int(os.environ.get("SLOTKEEPER_METRICS_PORT", "0"))
+
 SLOTKEEPER = {
     # A node is offline once its last heartbeat is this old, and dead after the grace on top of that.
     "OFFLINE_AFTER_S": float(os.environ.get("SLOTKEEPER_OFFLINE_AFTER_S", "20")),

@@ -79,6 +79,7 @@ handler404 = "slotkeeper.api.not_found"
 
 urlpatterns = [
     path("", node_views.board, name="fleet-board"),
+    path("board/patch/", node_views.board_patch, name="fleet-board-patch"),
     path("nodes/<int:node_id>/", node_views.node_detail, name="node-detail"),
     path("nodes/<int:node_id>/drain", node_views.drain, name="node-drain"),
     path("nodes/<int:node_id>/drain/preview", node_views.drain_preview, name="node-drain-preview"),

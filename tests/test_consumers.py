@@ -168,9 +168,8 @@ def test_the_hub_serves_consoles_on_successive_event_loops():
 
 
 async def clients() -> float:
-    """This process's slotkeeper_websocket_clients, as /metrics reports it (its other gauges read the database)."""
-    gauges = await sync_to_async(metrics.gauges)()
-    return sum(value for name, _labels, value in gauges if name == consumers.GAUGE)
+    """This process's slotkeeper_websocket_clients, as /metrics reports it (a live gauge of its metrics files)."""
+    return await sync_to_async(metrics.value)(consumers.GAUGE)
 
 
 class LayerThatGoesAway:

@@ -22,7 +22,8 @@ from tests.conftest import requires_postgres
 
 def metric_lines() -> dict[str, float]:
     text = Client().get("/metrics").content.decode()
-    return {k: float(v) for k, v in (line.rsplit(" ", 1) for line in text.splitlines() if line)}
+    lines = (line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
+    return {k: float(v) for k, v in lines}
 
 
 def test_a_pool_timeout_is_answered_like_a_busy_scheduler():

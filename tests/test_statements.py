@@ -135,7 +135,7 @@ def test_a_pass_that_finds_the_plan_lock_held_keeps_the_connections_prepared_sta
     # request in four. The pass that finds the lock held now leaves by a commit.
     import psycopg
 
-    from leases import store
+    from leases.planning import passes
     from slotkeeper import auth, planlock
 
     raw = issue("prepared-pass", "operator")
@@ -151,7 +151,7 @@ def test_a_pass_that_finds_the_plan_lock_held_keeps_the_connections_prepared_sta
     )
     try:
         other.execute("SELECT pg_advisory_lock(%s)", [planlock.PLAN_LOCK_ID])
-        with pytest.raises(store.LockTaken), store.planning(timezone.now(), try_lock=True):
+        with pytest.raises(passes.LockTaken), passes.planning(timezone.now(), try_lock=True):
             pytest.fail("planned without the lock")
     finally:
         other.execute("SELECT pg_advisory_unlock(%s)", [planlock.PLAN_LOCK_ID])

@@ -5,14 +5,15 @@ leases/instances/api/nodes.py."""
 from __future__ import annotations
 
 from django.utils import timezone
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import AuthenticationFailed, PermissionDenied
+from rest_framework.exceptions import AuthenticationFailed, PermissionDenied, ValidationError
 from rest_framework.response import Response
 
-from fleet import actions
+from fleet import actions, filters
 from fleet.api import serializers as s
+from fleet.filters import NodeFilterSet
 from fleet.models import Node, PlacementReport
 from slotkeeper.auth import IsAdmin, IsNodeAgent, IsOperator, IsViewer, NodeToken, node_tokens
 from slotkeeper.fields import ID_PATH, is_id
@@ -22,6 +23,28 @@ def validated(serializer_class, data):
     ser = serializer_class(data=data)
     ser.is_valid(raise_exception=True)
     return ser.validated_data
+
+
+# The node list's filters (fleet/filters.py), as the schema states them.
+NODE_LIST_PARAMETERS = [
+    OpenApiParameter(
+        "status",
+        {"type": "string", "pattern": filters.STATUS_PATTERN},
+        description="One status or several, comma-separated: online, draining, offline, dead.",
+    ),
+    OpenApiParameter(
+        "q",
+        {"type": "string", "maxLength": filters.MAX_SEARCH, "pattern": "^[^\\u0000]*$"},
+        description="Part of a node's name or of one of its capabilities, any case.",
+    ),
+    OpenApiParameter(
+        "sort",
+        {"type": "string", "pattern": filters.SORT_PATTERN},
+        description="name, status, age (of the last heartbeat), declared, allocatable, committed (now, of "
+        "allocatable memory), observed (memory used, of declared), capabilities or drain; a leading '-' reverses "
+        "it. The fleet board sorts the same way.",
+    ),
+]
 
 
 class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -49,14 +72,26 @@ class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
         """The serializer's context; the instances layer adds each node's `committed` figures."""
         return {"request": self.request, "view": self}
 
+    def filterset(self, params, queryset) -> NodeFilterSet:
+        """The node list's filters (fleet/filters.py); the layer above adds the sort by committed capacity."""
+        return NodeFilterSet(params, queryset)
+
     def get_queryset(self):
         qs = super().get_queryset()
-        params = self.request.query_params
-        if status_ := params.get("status"):
-            qs = qs.filter(status__in=status_.split(","))
-        if q := params.get("q"):
-            qs = qs.filter(name__icontains=q)
-        return qs
+        if self.action != "list":
+            return qs
+        # The fleet board's filters: status (one or several), a search over names and capabilities, the sort.
+        # A bad value is a 400 naming it, not an empty or unsorted list.
+        query = self.request.query_params
+        params = {k: query[k] for k in ("status", "q", "sort") if k in query}
+        filterset = self.filterset(params, qs)
+        if not filterset.is_valid():
+            raise ValidationError({name: [message] for name, message in filterset.messages().items()})
+        return filterset.sorted(filterset.qs, filterset.form.cleaned_data.get("sort", ""))
+
+    @extend_schema(parameters=NODE_LIST_PARAMETERS)
+    def list(self, request, *args, **kwargs):
+        return super().list(request, *args, **kwargs)
 
     @extend_schema(request=s.NodeWriteSerializer, responses={201: s.NodeCreatedSerializer})
     def create(self, request):

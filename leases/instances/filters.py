@@ -8,10 +8,15 @@ end here.
 
 from __future__ import annotations
 
-import django_filters
+from datetime import datetime
 
+import django_filters
+from django.db.models import OuterRef, Subquery, Sum, Value
+from django.db.models.functions import Coalesce
+
+from fleet import filters as fleet_filters
 from leases.instances.models import Reschedule
-from leases.models import Alert, Instance
+from leases.models import Alert, Allocation, Instance
 from slotkeeper.fields import is_id
 
 
@@ -66,6 +71,36 @@ class AlertFilterSet(django_filters.FilterSet):
 
     def only_open(self, queryset, name, value):
         return queryset.filter(resolved_at=None) if value in {"1", "true"} else queryset
+
+
+def committed_mem(now: datetime):
+    """What the slot table holds on the outer node at `now`, in MiB (leases.reads.committed_now's memory figure,
+    as a subquery: the node's rows of the allocation window index)."""
+    rows = (
+        Allocation.objects.filter(node=OuterRef("pk"), live=True, start__lte=now, end__gt=now)
+        .order_by()
+        .values("node")
+        .annotate(total=Sum("mem_mib"))
+        .values("total")
+    )
+    return Coalesce(Subquery(rows), Value(0))
+
+
+class NodeFilterSet(fleet_filters.NodeFilterSet):
+    """Fleet's node filters with the sort by what the slot table holds on a node now ("committed": committed memory
+    as a share of allocatable, the board's bar). The API's node list and the fleet board both filter with this."""
+
+    def __init__(self, data=None, queryset=None, *, now: datetime, **kwargs):
+        committed = fleet_filters.Term(
+            fleet_filters.share(committed_mem(now), fleet_filters.allocatable_mem())
+        )
+        # In the board's column order: after allocatable.
+        self.sorts = {}
+        for key, sort in fleet_filters.SORTS.items():
+            self.sorts[key] = sort
+            if key == "allocatable":
+                self.sorts["committed"] = ("committed now", (committed,))
+        super().__init__(data, queryset, **kwargs)
 
 
 def filtered(filterset_class, params, queryset):

@@ -4,7 +4,8 @@ moves its instances), declare-dead (its instances are lost) and re-admit, and th
 (which counts the instances' claims). Their forms are validated by the API's serializers (fleet/forms.py). Composed
 here from fleet's pieces (fleet/views.py) and the reads and actions of this package and the lease core; each page
 URL also serves its fragment to htmx (same URL, `HX-Request`), so a live "node-changed" event re-fetches just the
-live region.
+live region. The board is the exception: it is paged, and a live update patches the rows of its page that changed
+(`board_patch`, leases/instances/board.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from datetime import datetime, timedelta
 from urllib.parse import urlencode
 
 from django.contrib import messages
+from django.http import HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -22,9 +24,11 @@ from django.views.decorators.vary import vary_on_headers
 from fleet import actions as fleet_actions
 from fleet import forms as fleet_forms
 from fleet.api.serializers import MAX_PARALLEL_MOVES
+from fleet.filters import DEFAULT_SORT
 from fleet.models import HealthSample, Node, NodeStatus, PlacementReport
-from fleet.views import CapacityTotals, chart, matches, node_rows
+from fleet.views import STALE_AFTER_S, chart, node_rows
 from leases import reads as lease_reads
+from leases.instances import board as board_reads
 from leases.instances import placing
 from leases.instances.actions import nodes
 from leases.models import Allocation
@@ -32,35 +36,124 @@ from slotkeeper.decorators import role_required
 from slotkeeper.domain import DomainError
 from slotkeeper.forms import Checked
 
+# The board's columns: sort key, header, what its small print says, its tooltip, and whether it holds figures.
+COLUMNS = [
+    ("name", "Node", "", "", False),
+    ("status", "Status", "", "online, draining, offline, dead", False),
+    ("age", "Health age", "", "since the node's last heartbeat", True),
+    ("declared", "Declared", "cores · memory", "what the node declares", True),
+    ("allocatable", "Allocatable", "cores · memory",
+     "declared less the host reserve and the host's baseline: what the slot table plans with", True),
+    ("committed", "Committed now", "/ allocatable",
+     "what the slot table holds on the node now, of its allocatable capacity", False),
+    ("observed", "Observed", "memory used · disk free · CPU", "from the last heartbeat", False),
+    ("capabilities", "Capabilities", "", "", False),
+    ("drain", "Drain", "", "why, by whom and since when the node was drained", False),
+]  # fmt: skip
+
+
+def link(state: board_reads.BoardState, **changes) -> str:
+    """The board's URL with `changes` to its state: "/" for the plain board, never a bare "?"."""
+    query = state.query(**changes)
+    return reverse("fleet-board") + (f"?{query}" if query else "")
+
+
+def columns(state: board_reads.BoardState) -> list[dict]:
+    """Each column's header with the link that sorts by it: ascending first, the reverse when it is the sort."""
+    current = state.sort or DEFAULT_SORT
+    out = []
+    for key, label, small, title, num in COLUMNS:
+        on = current.removeprefix("-") == key
+        descending = on and current.startswith("-")
+        out.append({
+            "key": key, "label": label, "small": small, "title": title, "num": num,
+            "aria_sort": ("descending" if descending else "ascending") if on else None,
+            "href": link(state, sort=key if descending or not on else f"-{key}", page=1),
+            "next": "reverse order" if on and not descending else "sort by this column",
+        })  # fmt: skip
+    return out
+
+
+def chips(state: board_reads.BoardState, counts: dict[str, int]) -> list[dict]:
+    """The status chips: each links to the board with that status only (search, sort and page size kept)."""
+    return [
+        {"status": s, "count": n, "href": link(state, status=(s,), page=1), "on": state.status == (s,)}
+        for s, n in counts.items()
+    ]
+
+
+def board_context(checked: board_reads.Checked, now: datetime) -> dict:
+    state = checked.state
+    page = board_reads.page_of(checked, now)
+    counts, capacity = board_reads.totals(now)
+    return {
+        "state": state,
+        "page": page,
+        "counts": counts,
+        "chips": chips(state, counts),
+        "all_href": link(state, status=(), page=1),
+        "over_href": link(state, sort="-committed", page=1),
+        "capacity": capacity,
+        "totals_version": board_reads.totals_version(counts, capacity, state),
+        "pager_version": page.version(state),
+        "empty_version": page.empty_version(state),
+        "here_href": link(state),
+        "last_href": link(state, page=page.pages),
+        # Past the end, "previous" is the last page.
+        "prev_href": link(state, page=min(page.number - 1, page.pages)) if page.number > 1 else None,
+        "next_href": link(state, page=page.number + 1) if page.number < page.pages else None,
+        "first_href": link(state, page=1),
+        "columns": columns(state),
+        "now_epoch": f"{now.timestamp():.1f}",
+        "stale_after": STALE_AFTER_S,
+    }
+
 
 @role_required("viewer")
 @vary_on_headers("HX-Request")
 def board(request):
+    """The fleet board: a page of nodes, filtered, sorted and paged as its URL says (search, status, sort, page,
+    rows a page), with chips counting every status and the fleet's capacity totals. For htmx (the filter form, a
+    column's sort, the pager) only the table and the totals. A URL with a value the board cannot read is answered
+    400, with a message per bad value and the board without them."""
     now = timezone.now()
-    status = request.GET.get("status", "")
-    status = status if status in NodeStatus.values else ""
-    q = request.GET.get("q", "").strip()
-    # The whole fleet in one query: totals need every node anyway, and filtering 1,000 rows in Python is cheaper
-    # than a second round trip per counter.
-    # The capacity figures need what the slot table holds on every node now: one aggregate query, not one per node.
-    nodes = list(Node.objects.select_related("drained_by").order_by("name"))
-    every = node_rows(nodes, now, lease_reads.committed_now(now))
-    totals = dict.fromkeys(NodeStatus.values, 0)
-    capacity_totals = CapacityTotals()
-    for row in every:
-        totals[row.node.status] += 1
-        capacity_totals.add(row)
+    checked = board_reads.read_state(request.GET, now)
+    state = checked.state
     context = {
-        "rows": [r for r in every if matches(r.node, status, q)],
-        "totals": totals,
-        "capacity": capacity_totals,
-        "status": status,
-        "q": q,
+        **board_context(checked, now),
+        "problems": checked.problems,
         "statuses": NodeStatus.values,
-        "latest_report": PlacementReport.objects.only("id", "created_at", "outcome", "subject").first(),
+        "per_choices": sorted({*board_reads.PER_PAGE_CHOICES, state.per}),
     }
-    template = "fleet/_board_table.html" if request.htmx and not request.htmx.boosted else "fleet/board.html"
-    return render(request, template, context)
+    if request.htmx and not request.htmx.boosted and not request.htmx.history_restore_request:
+        template = "fleet/_board_table.html"
+    else:
+        template = "fleet/board.html"
+        context["latest_report"] = PlacementReport.objects.only(
+            "id", "created_at", "outcome", "subject"
+        ).first()
+    return render(request, template, context, status=400 if checked.problems else 200)
+
+
+@role_required("viewer")
+def board_patch(request):
+    """What a live board must change to show the board now (leases/instances/board.py): the page's rows whose
+    version moved (`have` lists the keys and versions the page shows, in its order), the page's order when it
+    moved, and the totals (`sv`) and pager (`pv`) when their versions moved."""
+    now = timezone.now()
+    checked = board_reads.read_state(request.GET, now)
+    if checked.problems:
+        body = "; ".join(f"{name}: {message}" for name, message in checked.problems.items())
+        return HttpResponseBadRequest(body, content_type="text/plain; charset=utf-8")
+    context = board_context(checked, now)
+    page = context["page"]
+    context["patch"] = board_reads.patch(page, checked.state, board_reads.shown(request.GET.get("have", "")))
+    context["send_totals"] = request.GET.get("sv") != context["totals_version"]
+    context["send_pager"] = request.GET.get("pv") != context["pager_version"]
+    response = render(request, "fleet/_board_patch.html", context)
+    response["X-Board-Patch"] = "1"
+    response["Cache-Control"] = "no-store"
+    return response
 
 
 def holdings(node: Node, now: datetime) -> list[Allocation]:

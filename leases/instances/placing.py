@@ -16,11 +16,15 @@ from datetime import datetime
 
 from fleet import affinity, capacity
 from fleet.models import PlacementReport
-from leases import reads, store, vnodes
+from leases import reads, vnodes
 from leases.instance_rows import LIVE
 from leases.instances.models import Reschedule, RescheduleStatus
 from leases.lifecycle import InstanceState, LeaseState
 from leases.models import Group, Instance
+from leases.planning.plan import Planning
+from leases.planning.reading import consulting
+from leases.planning.records import barred_nodes
+from leases.planning.reporting import report_row
 from leases.scheduler import LeaseRequest
 
 
@@ -162,7 +166,7 @@ class MoveDecision:
         return next((code for code in BLOCKERS if counts.get(code)), self.report.outcome)
 
 
-def move_request(plan: store.Planning, inst: Instance, fleet: FleetView) -> LeaseRequest | None:
+def move_request(plan: Planning, inst: Instance, fleet: FleetView) -> LeaseRequest | None:
     """The vnode as a one-VM request over what is left of its reservations on its old node (or, lost and detached
     from its dead node, of the reservations it is missing from), with the lease's group rules (the instance itself
     left out) and capabilities; None when no reservation is left to move it in."""
@@ -182,7 +186,7 @@ def move_request(plan: store.Planning, inst: Instance, fleet: FleetView) -> Leas
     rules = affinity.spread(groups, fleet.names) if groups else affinity.Spread()
     barred = ()
     if groups or lease.capabilities:
-        barred = store.barred_nodes(lease.capabilities or (), groups, plan.nodes)
+        barred = barred_nodes(lease.capabilities or (), groups, plan.nodes)
     return LeaseRequest(
         id=MOVE_ID,
         type="immediate",
@@ -199,7 +203,7 @@ def move_request(plan: store.Planning, inst: Instance, fleet: FleetView) -> Leas
 
 
 def decide_move(
-    plan: store.Planning,
+    plan: Planning,
     req: LeaseRequest,
     *,
     preferred: int | None,
@@ -215,7 +219,7 @@ def decide_move(
     start, end = plan.t, plan.t + req.duration
 
     def report(proposed: Sequence[int]) -> PlacementReport:
-        return store.report_row(
+        return report_row(
             plan, req, start, end, outcome="placed", message="", subject=subject,
             requested_by=requested_by, proposed=proposed,
         )  # fmt: skip
@@ -279,7 +283,7 @@ def drain_targets(node_id: int, now: datetime) -> list[DrainTarget]:
     if not insts:
         return []
     out = []
-    with store.consulting(now) as plan:
+    with consulting(now) as plan:
         fleet = FleetView.read(now, plan.nodes)
         excluded = {**plan.excluded, node_id: "draining: the drain being previewed"}
         for inst in insts:

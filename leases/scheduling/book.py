@@ -278,7 +278,7 @@ class PlanBook:
     def use_exclusions(self, excluded: Mapping[int, str] | None) -> None:
         """The nodes nothing may be placed on from now (node id -> "code: sentence"), until the next call: every
         planning entry point (a submission, `advance`, a cancel's queue run) plans with the exclusions last
-        handed in, so whoever runs a pass hands in its own first (leases/store.py, `_prepare`)."""
+        handed in, so whoever runs a pass hands in its own first (leases/planning/prepare.py, `_prepare`)."""
         # The room counts are sums over the usable nodes: a different set of exclusions makes them wrong.
         if (excluded or {}) != self._excluded:
             self._room.clear()
@@ -322,11 +322,11 @@ class PlanBook:
         """Become `other`, which is used up: its leases, table, queue, events, journal and memos replace this
         book's own, and this object stays the one its holders know.
 
-        The plan applier's way back from a submit that raised part-way (leases/store.py, `_plan_intents`). What
-        such a submit changed is spread over other leases' records (a preemption retimes a VM and adds
-        suspensions), the table, the queue, the event heap, the journal and a dozen memos; there is no undo log
-        of all that, and a half-right undo would leave a cached scheduler that no longer matches the database.
-        A scheduler built again from the records the pass started from is right by construction."""
+        The plan applier's way back from a submit that raised part-way (leases/planning/intents.py,
+        `_plan_intents`). What such a submit changed is spread over other leases' records (a preemption retimes a
+        VM and adds suspensions), the table, the queue, the event heap, the journal and a dozen memos; there is no
+        undo log of all that, and a half-right undo would leave a cached scheduler that no longer matches the
+        database. A scheduler built again from the records the pass started from is right by construction."""
         if type(other) is not type(self):
             raise TypeError(f"cannot take over a {type(other).__name__} as a {type(self).__name__}")
         state = vars(self)

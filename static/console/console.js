@@ -17,6 +17,7 @@
   let pollTimer = null;
   let lastUpdate = null;
   let lastSeq = null;  // the number of the last batch heard (slotkeeper/livewire.py)
+  let utc = true;  // times in UTC (or the browser's zone): the "t" toggle
   const $ = (id) => document.getElementById(id);
   // The longest wait between reconnection attempts: a console comes back within this of Redis returning.
   const MAX_RETRY_MS = 8000;
@@ -233,6 +234,132 @@
     lostFocus = null;
   }
 
+
+  // -- the fleet board: a live update is a patch of the rows on screen ------------------------------------------
+  //
+  // The board does not re-fetch its table when something changes. It tells the server which rows it shows and
+  // their versions (data-key, data-v), and is sent only the rows that are new or changed, the page's order when
+  // it moved, and the totals and pager when they changed (leases/instances/board.py). Each changed row is morphed
+  // into the one on screen, so every other row is the very same element, and a focused link, a selection or the
+  // scroll position stays where it was. One patch at a time: changes heard while one is on its way are folded
+  // into one more, sent when it is back. When no patch can be had (a 400, a session gone), the whole table is
+  // fetched again the old way ("board-refresh").
+  let boardBusy = false;
+  let boardAgain = false;
+  let boardSkew = 0;  // the server's clock less this browser's, in seconds: ages count up from the server's time
+
+  function boardTable() { return document.querySelector("#fleet-table[data-patch]"); }
+
+  function bump(name, by) {
+    document.body.dataset[name] = String(Number(document.body.dataset[name] || 0) + (by === undefined ? 1 : by));
+  }
+
+  function patchBoard() {
+    const table = boardTable();
+    if (!table) return;
+    if (boardBusy) { boardAgain = true; return; }
+    boardBusy = true;
+    const rows = table.querySelectorAll("#fleet-rows > tr[data-key]");
+    const summary = $("fleet-summary");
+    const pager = $("fleet-pager");
+    const params = new URLSearchParams({
+      have: Array.from(rows, function (tr) { return tr.dataset.key + "." + (tr.dataset.v || ""); }).join(","),
+      sv: summary ? summary.dataset.v : "",
+      pv: pager ? pager.dataset.v : "",
+    });
+    const url = table.dataset.patch + (table.dataset.patch.indexOf("?") < 0 ? "?" : "&") + params;
+    fetch(url, { headers: { "HX-Request": "true" }, credentials: "same-origin", redirect: "manual" })
+      .then(function (r) {
+        if (!r.ok || !r.headers.get("X-Board-Patch")) throw new Error("no patch: " + r.status);
+        return r.text();
+      })
+      .then(function (text) {
+        // The table was replaced meanwhile (another sort, page or filter): that render is newer than this patch.
+        if (boardTable() === table) applyBoardPatch(table, text);
+      })
+      .catch(function () { if (table.isConnected) htmx.trigger(table, "board-refresh"); })
+      .finally(function () {
+        boardBusy = false;
+        if (boardAgain) { boardAgain = false; patchBoard(); }
+      });
+  }
+
+  function place(body, tr, before) {
+    // moveBefore keeps a moved element's focus and state where the browser has it; insertBefore drops focus.
+    if (body.moveBefore) body.moveBefore(tr, before); else body.insertBefore(tr, before);
+  }
+
+  function applyBoardPatch(table, text) {
+    const holder = document.createElement("template");
+    holder.innerHTML = text;
+    const patch = holder.content.querySelector("template[data-board-patch]");
+    const body = $("fleet-rows");
+    if (!patch || !body) throw new Error("not a board patch");
+    const active = document.activeElement;
+    let changed = 0;
+    patch.content.querySelectorAll("tr[data-key]").forEach(function (tr) {
+      const old = body.querySelector(':scope > tr[data-key="' + CSS.escape(tr.dataset.key) + '"]');
+      if (old) Idiomorph.morph(old, tr); else body.appendChild(document.importNode(tr, true));
+      changed++;
+    });
+    if (patch.hasAttribute("data-order")) {
+      const keys = patch.dataset.order ? patch.dataset.order.split(",") : [];
+      const byKey = new Map(Array.from(body.children, function (tr) { return [tr.dataset.key, tr]; }));
+      let at = body.firstElementChild;
+      for (const key of keys) {
+        const tr = byKey.get(key);
+        if (!tr) continue;
+        byKey.delete(key);
+        if (tr === at) at = at.nextElementSibling; else place(body, tr, at);
+      }
+      byKey.forEach(function (tr) { tr.remove(); });
+    }
+    // Focus stays on the element it was on, wherever its row went (insertBefore would have dropped it).
+    if (active && active !== document.activeElement && active.isConnected && body.contains(active)) {
+      active.focus({ preventScroll: true });
+    }
+    holder.content.querySelectorAll("#fleet-summary, #fleet-pager").forEach(function (part) {
+      const el = $(part.id);
+      if (el) Idiomorph.morph(el, part);
+    });
+    boardSkew = Number(patch.dataset.now) - Date.now() / 1000 || 0;
+    lastPrint.delete(table.id);  // what is on screen is no longer the last fragment fetched
+    lastUpdate = Date.now();
+    bump("boardPatches");
+    bump("boardRowsPatched", changed);
+    showTimes(utc);
+    tickBoardAges();
+    document.body.dispatchEvent(new CustomEvent("board-patched", { detail: { rows: changed } }));
+  }
+
+  // A health age as fleet.views.age_words writes it.
+  function ageWords(seconds) {
+    const s = Math.max(0, Math.round(seconds));
+    if (s < 120) return s + " s";
+    if (s < 120 * 60) return Math.floor(s / 60) + " min";
+    if (s < 48 * 3600) return Math.floor(s / 3600) + " h";
+    return Math.floor(s / 86400) + " d";
+  }
+
+  // Ages count up here, once a second: a row is not sent again only because time passed.
+  function tickBoardAges() {
+    const table = boardTable();
+    if (!table) return;
+    const now = Date.now() / 1000 + boardSkew;
+    const staleAfter = Number(table.dataset.staleAfter || 30);
+    table.querySelectorAll("[data-seen]").forEach(function (td) {
+      const age = Math.max(0, now - Number(td.dataset.seen));
+      const text = ageWords(age);
+      if (td.textContent !== text) td.textContent = text;
+      if (td.classList.contains("warn") !== age > staleAfter) td.classList.toggle("warn", age > staleAfter);
+    });
+  }
+
+  function boardRendered() {
+    const table = boardTable();
+    if (table && table.dataset.now) boardSkew = Number(table.dataset.now) - Date.now() / 1000 || 0;
+  }
+
   function togglePause() {
     paused = !paused;
     const btn = $("live-toggle");
@@ -243,6 +370,7 @@
   }
 
   function tickAge() {
+    tickBoardAges();
     const el = $("live-age");
     if (!el) return;
     el.textContent = lastUpdate ? Math.round((Date.now() - lastUpdate) / 1000) + " s ago" : "–";
@@ -261,7 +389,7 @@
 
   document.addEventListener("DOMContentLoaded", function () {
     lastUpdate = Date.now();
-    let utc = localStorage.getItem("slotkeeper.tz") !== "local";
+    utc = localStorage.getItem("slotkeeper.tz") !== "local";
     const tz = $("tz-toggle");
     function toggleTz() {
       utc = !utc; localStorage.setItem("slotkeeper.tz", utc ? "utc" : "local");
@@ -289,7 +417,20 @@
       // asked for the old state, and folded the row back.
       if (paged && paged === e.detail.elt && paged.getAttribute("hx-get")) e.detail.path = paged.getAttribute("hx-get");
     });
-    document.body.addEventListener("htmx:afterSwap", function () { lastUpdate = Date.now(); showTimes(utc); });
+    document.body.addEventListener("htmx:afterSwap", function () { lastUpdate = Date.now(); showTimes(utc); boardRendered(); });
+    // The board's live updates are patches (above); its filter form leaves out what is empty, so the URL it
+    // pushes is as short as the one a link would have.
+    ["node-changed", "slots-changed", "resync"].forEach(function (name) {
+      document.body.addEventListener(name, patchBoard);
+    });
+    document.body.addEventListener("htmx:configRequest", function (e) {
+      const elt = e.detail.elt;
+      if (!elt || !elt.hasAttribute || !elt.hasAttribute("data-board-filters")) return;
+      for (const name of Object.keys(e.detail.parameters)) {
+        if (e.detail.parameters[name] === "") delete e.detail.parameters[name];
+      }
+    });
+    boardRendered();
     document.body.addEventListener("htmx:afterSettle", fixGridFocus);
     document.addEventListener("keydown", gridKeys, true);
     const btn = $("live-toggle");

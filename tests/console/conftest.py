@@ -8,17 +8,17 @@ from django.test import Client
 from django.utils import timezone
 
 from fleet import actions as fleet_actions
-from leases import store
 from leases.instances.actions import nodes as node_actions
+from leases.planning import restore
 from slotkeeper.management.commands.issue_token import grant_role
 
 
 @pytest.fixture(autouse=True)
 def _fresh_scheduler_cache():
     # Tests roll the database back between cases; a scheduler cached in this process must not outlive that.
-    store.drop_cache()
+    restore.drop_cache()
     yield
-    store.drop_cache()
+    restore.drop_cache()
 
 
 def signed_in(username: str, role: str) -> Client:

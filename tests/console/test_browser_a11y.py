@@ -69,8 +69,11 @@ def wait_live(page) -> None:
 
 
 def count_swaps(page) -> None:
+    # A live update of the fleet board is a patch of its changed rows, not an htmx swap (console.js): both count.
     page.evaluate(
-        """() => { window.swaps = 0; document.body.addEventListener("htmx:afterSwap", () => window.swaps++); }"""
+        """() => { window.swaps = 0;
+          document.body.addEventListener("htmx:afterSwap", () => window.swaps++);
+          document.body.addEventListener("board-patched", (e) => { if (e.detail.rows) window.swaps++; }); }"""
     )
 
 

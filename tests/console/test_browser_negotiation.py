@@ -91,3 +91,27 @@ def test_a_running_lease_is_extended_after_a_preview(page, console):
     assert "instead of" in page.locator(".messages").inner_text()
     later = page.locator("#lease-body [data-ends] time").get_attribute("datetime")
     assert datetime.fromisoformat(later) - datetime.fromisoformat(ends) == timedelta(minutes=30)
+
+
+def test_the_slot_table_counts_down_to_a_lease_whose_notice_went_out_and_axe_finds_nothing_serious(
+    page, console
+):
+    from tests.console.test_browser_a11y import AXE, AXE_RUN
+
+    job = lease(
+        console, name="ends-soon", type="immediate", duration_s=900, notify_before_s=3600,
+        nodes=[{"cpu_cores": 1, "mem_mib": 1024}],
+    )  # fmt: skip
+    assert job["state"] == "active"
+    page.goto(f"{console.url}/slots/")
+    # The server's tick sends the notice within seconds; the table's live refresh then shows it.
+    summary = page.locator("details.ending-soon summary")
+    summary.wait_for(timeout=30_000)
+    assert f"lease {job['id']} ends-soon in" in summary.inner_text()
+    summary.click()
+    item = page.locator("details.ending-soon li", has_text="ends-soon")
+    assert item.is_visible() and "ends in 1" in item.inner_text()  # 14 or 15 minutes
+    page.click("#live-toggle")  # paused while axe reads it
+    page.add_script_tag(path=str(AXE))
+    result = page.evaluate(AXE_RUN)
+    assert result["passed"] >= 10 and result["serious"] == [], result["serious"]

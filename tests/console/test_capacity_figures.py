@@ -65,9 +65,10 @@ def test_the_board_shows_declared_allocatable_and_committed_now_for_a_node_with_
     vera, fleet, running
 ):
     body = vera.get(reverse("fleet-board")).content.decode()
-    assert "Declared <small>cores · memory</small>" in body
-    assert "Allocatable <small>cores · memory</small>" in body
-    assert "Committed now <small>/ allocatable</small>" in body
+    # Each header is the link that sorts by its column, with what it counts in small print.
+    assert "Declared</a> <small>cores · memory</small>" in body
+    assert "Allocatable</a> <small>cores · memory</small>" in body
+    assert "Committed now</a> <small>/ allocatable</small>" in body
     host = row_of(body, host_of(running))
     assert cell(host, "data-declared") == "4 cores · 8,192 MiB"
     assert cell(host, "data-allocatable") == "4 cores · 2,048 MiB"

@@ -36,9 +36,10 @@ YAML_FILES = sorted(DEPLOY.rglob("*.yml")) + sorted(DEPLOY.rglob("*.yaml"))
 K8S_FILES = sorted(p for p in K8S.glob("*.yaml") if p.name != "kustomization.yaml")
 UNIT_FILES = sorted(SYSTEMD.glob("*.service"))
 NAMESPACE = "slotkeeper"
-# Read by the interpreter or by Celery, not by settings.py: PYTHONPATH makes BASE_DIR the source tree, and
-# REMAP_SIGTERM makes a worker's SIGTERM the bounded soft shutdown.
-INTERPRETER_ENV = {"PYTHONPATH", "REMAP_SIGTERM"}
+# Read by the interpreter, by Celery or by prometheus-client, not by settings.py: PYTHONPATH makes BASE_DIR the
+# source tree, REMAP_SIGTERM makes a worker's SIGTERM the bounded soft shutdown, and PROMETHEUS_MULTIPROC_DIR is
+# where a process keeps its metrics (read at import by slotkeeper/metrics.py, before settings).
+INTERPRETER_ENV = {"PYTHONPATH", "REMAP_SIGTERM", "PROMETHEUS_MULTIPROC_DIR"}
 
 
 # --- readers -------------------------------------------------------------------------------------------

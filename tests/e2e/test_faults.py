@@ -16,7 +16,8 @@ from tests.e2e.harness import Cluster, consoles, lease_body, say, wait_for
 # One cluster and one e2e database for all of them: under pytest-xdist they run on one worker, in turn.
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e"), pytest.mark.timeout(240)]
 
-# A worker mid-tick: one of ours holds the plan applier's advisory lock (leases/store.py takes it per tick).
+# A worker mid-tick: one of ours holds the plan applier's advisory lock (leases/planning/passes.py takes it per
+# tick).
 MID_TICK = """
     SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
     WHERE l.locktype = 'advisory' AND l.granted AND a.datname = %s AND a.application_name = %s

@@ -180,7 +180,8 @@ def test_a_daphne_under_load_stops_within_10_s_of_sigterm_and_answers_every_open
 
 def test_a_celery_worker_stuck_in_a_tick_stops_within_10_s_of_sigterm(cluster: Cluster):
     # A tick that cannot finish: this test holds the plan applier's lock, so the worker's next tick waits for it
-    # mid-transaction (the wait is not bounded in leases/store.py). A warm shutdown alone would wait with it.
+    # mid-transaction (the wait is not bounded in leases/planning/passes.py). A warm shutdown alone would wait
+    # with it.
     with psycopg.connect(cluster.e2e_database_url) as holder:
         holder.execute("SELECT pg_advisory_xact_lock(%s)", (PLAN_LOCK_ID,))
         wait_for(

@@ -5,18 +5,18 @@ from django.utils import timezone
 
 from fleet import actions as fleet_actions
 from fleet.nodestate import BASELINE_FLOOR_MIB, HOST_RESERVE_MIB
-from leases import store
 from leases.instances.actions import nodes as node_actions
 from leases.lifecycle import TERMINAL_LEASE_STATES
+from leases.planning import intents, restore
 from leases.scheduler import Scheduler
 
 
 @pytest.fixture(autouse=True)
 def _fresh_scheduler_cache():
     # Tests roll the database back between cases; a scheduler cached in this process must not outlive that.
-    store.drop_cache()
+    restore.drop_cache()
     yield
-    store.drop_cache()
+    restore.drop_cache()
 
 
 # Declared so that 8 GiB is allocatable (docs/capacity.md).
@@ -64,22 +64,30 @@ def intent(name: str, now, *, type="best_effort", cores=1, count=1, start=None):
 
 
 def unreadable(monkeypatch, name: str) -> None:
-    """The lease called `name` cannot even be turned into a scheduler request: `store.request_of` raises for it."""
-    real = store.request_of
+    """The lease called `name` cannot even be turned into a scheduler request: `request_of` raises for it where a
+    pass submits the waiting requests (leases/planning/intents.py)."""
+    real = intents.request_of
 
     def request_of(lease, *args):
         if lease.name == name:
             raise ValueError("a vnode of no size")
         return real(lease, *args)
 
-    monkeypatch.setattr(store, "request_of", request_of)
+    monkeypatch.setattr(intents, "request_of", request_of)
 
 
 def count_loads(monkeypatch) -> list:
-    """A list that grows by one each time a pass loads a scheduler from the database."""
+    """A list that grows by one each time a pass loads a scheduler from the database: when it finds no current
+    one in the cache (leases/planning/restore.py), and when it restarts its batch (leases/planning/intents.py)."""
     loads: list = []
-    real = store.load
-    monkeypatch.setattr(store, "load", lambda *a: loads.append(1) or real(*a))
+    real = restore.load
+
+    def counted(*a):
+        loads.append(1)
+        return real(*a)
+
+    monkeypatch.setattr(restore, "load", counted)
+    monkeypatch.setattr(intents, "load", counted)
     return loads
 
 

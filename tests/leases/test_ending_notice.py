@@ -101,7 +101,7 @@ def test_the_slot_table_counts_down_to_the_ends_whose_notice_went_out(operator, 
 
     def countdown() -> str:
         found = re.search(
-            r'<section class="ending-soon".*?</section>', browser.get("/slots/").content.decode(), re.S
+            r'<details class="ending-soon".*?</details>', browser.get("/slots/").content.decode(), re.S
         )
         return found[0] if found else ""
 
@@ -109,6 +109,7 @@ def test_the_slot_table_counts_down_to_the_ends_whose_notice_went_out(operator, 
     assert actions.notify_ending(timezone.now()) == 1
     shown = countdown()
     assert f"lease {soon['id']} soon</a> ends in <strong data-countdown>" in shown
+    assert "1 lease sent its before-end notice" in shown and f"next: lease {soon['id']} soon in" in shown
     assert f"lease {later['id']} later" not in shown
     response = operator.post(f"/api/leases/{soon['id']}/cancel", {"reason": "done early"}, format="json")
     assert response.status_code == 200, response.content

@@ -10,10 +10,11 @@ from django.db import connection, connections
 from django.utils import timezone
 
 from fleet import actions as fleet_actions
-from leases import forecasting, store
+from leases import forecasting
 from leases.actions import advance
 from leases.instances.actions import nodes as node_actions
 from leases.models import Lease, SchedulerState
+from leases.planning import passes, restore
 from leases.scheduler import Snapshot
 from tests.leases.conftest import vm
 
@@ -219,7 +220,7 @@ def test_a_pass_that_changes_nothing_the_forecast_reads_does_not_drop_it(operato
     versions = []
 
     def meanwhile(book, *a, **k):
-        with store.planning(timezone.now()):
+        with passes.planning(timezone.now()):
             pass  # a pass with nothing to do commits a new version
         versions.append(SchedulerState.objects.get().version)
         return real(book, *a, **k)
@@ -243,7 +244,7 @@ def test_the_snapshot_does_not_see_the_next_pass_change_the_cached_scheduler(
     with django_capture_on_commit_callbacks(execute=True):
         advance(timezone.now())
     (job,) = jobs
-    live = store._cache.value.scheduler
+    live = restore._cache.value.scheduler
     t = job.now.timestamp()
     expected = forecasting.forecast(job.snapshot, t, job.excluded)
     for change in (
@@ -253,7 +254,7 @@ def test_the_snapshot_does_not_see_the_next_pass_change_the_cached_scheduler(
         with django_capture_on_commit_callbacks(execute=True):  # each pass keeps the scheduler for the next
             change()
     assert Lease.objects.get(pk=ids[0] - 2).state == "cancelled"
-    assert store.cache_stats.how == "kept" and store._cache.value.scheduler is live  # changed in place
+    assert restore.cache_stats.how == "kept" and restore._cache.value.scheduler is live  # changed in place
     assert forecasting.forecast(live, t, job.excluded) != expected
     assert job.snapshot.queue == tuple(ids)
     assert forecasting.forecast(job.snapshot, t, job.excluded) == expected

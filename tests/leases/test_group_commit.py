@@ -18,9 +18,10 @@ from django.test import Client
 from django.utils import timezone
 
 from fleet.models import PlacementReport
-from leases import actions, store
+from leases import actions
 from leases.lifecycle import LeaseState
 from leases.models import Lease, PlanVersion, SchedulerState
+from leases.planning import applying, intents, passes, reporting, restore
 from slotkeeper import planlock
 from slotkeeper.models import AuditEntry
 from tests.conftest import requires_postgres
@@ -48,9 +49,9 @@ def test_one_pass_plans_every_waiting_request_with_one_version_and_one_report_ea
         intent("too-big", now, type="advance_reservation", cores=4, count=5, start=now + timedelta(hours=1))
     )
     before = SchedulerState.objects.get_or_create(pk=1)[0].version
-    with store.planning(now):
+    with passes.planning(now):
         pass
-    assert store.pass_stats.last_batch == 6
+    assert passes.pass_stats.last_batch == 6
     assert SchedulerState.objects.get(pk=1).version == before + 1  # one version bump for the whole batch
     states = dict(Lease.objects.filter(pk__in=[w.pk for w in waiting]).values_list("name", "state"))
     assert states["too-big"] == LeaseState.REJECTED
@@ -80,7 +81,7 @@ def test_a_pass_writes_each_decided_request_s_row_once(fleet, monkeypatch):
         intent("too-big", now, type="advance_reservation", cores=4, count=5, start=now + timedelta(hours=1))
     )
     writes: list[tuple[tuple[str, ...], list[int]]] = []
-    update_many = store.update_many
+    update_many = applying.update_many
 
     def spy(rows, fields, *, model=None):
         rows = list(rows)
@@ -88,8 +89,10 @@ def test_a_pass_writes_each_decided_request_s_row_once(fleet, monkeypatch):
             writes.append((tuple(fields), [row.pk for row in rows]))
         return update_many(rows, fields, model=model)
 
-    monkeypatch.setattr(store, "update_many", spy)
-    with store.planning(now):
+    # Every writer of lease rows in a pass: the journal (applying) and the "placed by the queue" messages.
+    monkeypatch.setattr(applying, "update_many", spy)
+    monkeypatch.setattr(reporting, "update_many", spy)
+    with passes.planning(now):
         pass
     for lease in waiting:
         wrote = [fields for fields, pks in writes if lease.pk in pks]
@@ -107,7 +110,7 @@ def test_a_request_the_scheduler_cannot_take_is_rejected_alone_and_the_batch_goe
     now = timezone.now()
     bad, good = intent("bad", now), intent("good", now)
     unreadable(monkeypatch, "bad")
-    with store.planning(now):
+    with passes.planning(now):
         pass
     bad.refresh_from_db()
     good.refresh_from_db()
@@ -136,7 +139,7 @@ def test_a_submission_answers_with_its_own_decision_and_report(fleet):
     # The request stored before it was planned in the same pass, and answered with a report of its own.
     other.refresh_from_db()
     assert other.state != LeaseState.NEW
-    assert store.pass_stats.last_batch == 2
+    assert passes.pass_stats.last_batch == 2
     rejected = actions.do_submit_lease(None, spec("never", type="immediate", cores=4, count=5), now=now)
     assert not rejected.decision.accepted
     assert rejected.report.outcome == "rejected" and rejected.report.rows
@@ -147,7 +150,7 @@ def test_metrics_show_the_plan_queue(fleet):
     text = Client().get("/metrics").content.decode()
     lines = dict(line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
     assert float(lines["slotkeeper_plan_queue_depth"]) == 1
-    with store.planning(timezone.now()):
+    with passes.planning(timezone.now()):
         pass
     text = Client().get("/metrics").content.decode()
     lines = dict(line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
@@ -172,7 +175,7 @@ def test_metrics_split_a_pass_s_cpu_by_part(fleet):
 
     before = parts()
     intent("waits", timezone.now())
-    with store.planning(timezone.now()):
+    with passes.planning(timezone.now()):
         pass
     after = parts()
     assert set(after) == {"read", "catch_up", "prepare", "requests", "caller", "write"}
@@ -189,10 +192,10 @@ def test_a_stale_cache_re_reads_only_the_touched_leases_and_equals_a_full_reload
     now = timezone.now()
     for i in range(6):
         actions.do_submit_lease(None, spec(f"early{i}", cores=1), now=now)
-    stale = store._cache.value
+    stale = restore._cache.value
     assert stale is not None
     # Another process's passes: this process's cache is dropped while they run, then handed back, stale.
-    store.drop_cache()
+    restore.drop_cache()
     later = now + timedelta(seconds=5)
     a = actions.do_submit_lease(None, spec("other-a", cores=2), now=later)
     b = actions.do_submit_lease(None, spec("other-b", type="immediate", cores=1), now=later)
@@ -205,17 +208,17 @@ def test_a_stale_cache_re_reads_only_the_touched_leases_and_equals_a_full_reload
         for ids in PlanVersion.objects.filter(version__gt=stale.version).values_list("leases", flat=True)
         for i in ids
     }
-    live_touched = Lease.objects.filter(pk__in=touched).exclude(state__in=store.NOT_PLANNED).count()
-    store._cache.value = stale
-    with store.planning(later) as plan:
-        assert store.cache_stats.how == "caught_up"
-        assert store.cache_stats.behind == 3
+    live_touched = Lease.objects.filter(pk__in=touched).exclude(state__in=restore.NOT_PLANNED).count()
+    restore._cache.value = stale
+    with passes.planning(later) as plan:
+        assert restore.cache_stats.how == "caught_up"
+        assert restore.cache_stats.behind == 3
         # Only the leases those versions touched (the two new ones, the cancelled one drops out), not all eight.
-        assert store.cache_stats.reread == live_touched
+        assert restore.cache_stats.reread == live_touched
         assert {a.lease.pk, b.lease.pk} <= touched
-        assert live_touched < Lease.objects.exclude(state__in=store.NOT_PLANNED).count()
+        assert live_touched < Lease.objects.exclude(state__in=restore.NOT_PLANNED).count()
         state = SchedulerState.objects.get(pk=1)
-        assert picture(plan.scheduler) == picture(store.load(plan.nodes, state.next_rid))
+        assert picture(plan.scheduler) == picture(restore.load(plan.nodes, state.next_rid))
     assert plan.scheduler is stale.scheduler
 
 
@@ -223,13 +226,13 @@ def test_a_stale_cache_re_reads_only_the_touched_leases_and_equals_a_full_reload
 def test_a_cache_whose_missed_versions_were_pruned_reloads(fleet):
     now = timezone.now()
     actions.do_submit_lease(None, spec("one"), now=now)
-    stale = store._cache.value
-    store.drop_cache()
+    stale = restore._cache.value
+    restore.drop_cache()
     actions.do_submit_lease(None, spec("two"), now=now)
     PlanVersion.objects.all().delete()
-    store._cache.value = stale
-    with store.planning(now):
-        assert store.cache_stats.how == "reloaded"
+    restore._cache.value = stale
+    with passes.planning(now):
+        assert restore.cache_stats.how == "reloaded"
 
 
 # -- many requests at once, many processes (PostgreSQL) --------------------------------------------------------
@@ -240,7 +243,7 @@ def test_a_cache_whose_missed_versions_were_pruned_reloads(fleet):
 def test_concurrent_submissions_are_planned_in_one_pass_and_each_answered_once(fleet, settings, monkeypatch):
     settings.SLOTKEEPER = {**settings.SLOTKEEPER, "HEALTH_MAX_AGE_S": 3600}
     # The process's pass figures from zero: an earlier test on this worker (a lease array) planned larger batches.
-    monkeypatch.setattr(store, "pass_stats", store.PassStats())
+    monkeypatch.setattr(passes, "pass_stats", passes.PassStats())
     threads_n = 12
     held, release = threading.Event(), threading.Event()
     answers: dict[str, actions.Submitted] = {}
@@ -283,7 +286,7 @@ def test_concurrent_submissions_are_planned_in_one_pass_and_each_answered_once(f
     assert errors == []
     assert len(answers) == threads_n
     # Every request was stored before any pass could run: one pass planned them all.
-    assert store.pass_stats.max_batch == threads_n
+    assert passes.pass_stats.max_batch == threads_n
     for name, done in answers.items():
         assert done.lease.name == name
         assert done.decision.lease_id == done.lease.pk
@@ -324,7 +327,7 @@ def test_a_waiter_in_another_process_is_woken_by_the_pass_that_decides_it(fleet,
             time.sleep(0.05)
         assert Lease.objects.filter(name="elsewhere", state=LeaseState.NEW).exists()
         time.sleep(1.0)  # the other process tried the lock, failed, and sleeps
-        with store.planning(timezone.now()):
+        with passes.planning(timezone.now()):
             pass  # this pass plans the other process's request; it hears of it when this commits
         committed = time.monotonic()
     out, err = proc.communicate(timeout=60)
@@ -347,7 +350,7 @@ def test_the_requests_a_pass_rejects_raise_no_alert_but_each_its_audit_row(fleet
     # Four nodes of 4 cores: none takes 8 cores now, so each immediate lease is rejected.
     rejected = [intent(f"huge-{i}", now, type="immediate", cores=8) for i in range(200)]
     placed = intent("small", now, type="immediate", cores=1)
-    with store.planning(now):
+    with passes.planning(now):
         pass
     assert not Alert.objects.exists()
     assert {lease.pk: lease.state for lease in Lease.objects.filter(pk__in=[r.pk for r in rejected])} == {
@@ -360,13 +363,13 @@ def test_the_requests_a_pass_rejects_raise_no_alert_but_each_its_audit_row(fleet
 
 def test_a_pass_writes_every_report_and_audit_row_chunk_by_chunk(fleet, monkeypatch):
     """A pass writes its reports and audit rows a chunk at a time, pipelined with building the next chunk
-    (store.REPORT_CHUNK): with chunks of two, five requests make two full chunks and a last one of one, and each
+    (intents.REPORT_CHUNK): with chunks of two, five requests make two full chunks and a last one of one, and each
     request still has exactly its one report and one audit row, with its own outcome."""
-    monkeypatch.setattr(store, "REPORT_CHUNK", 2)
+    monkeypatch.setattr(intents, "REPORT_CHUNK", 2)
     now = timezone.now()
     fits = [intent(f"fits-{i}", now, type="immediate", cores=1) for i in range(4)]
     too_big = intent("too-big", now, type="immediate", cores=8)
-    with store.planning(now):
+    with passes.planning(now):
         pass
     for lease, outcome in [*((lease, "placed") for lease in fits), (too_big, "rejected")]:
         report = PlacementReport.objects.get(subject=f"lease:{lease.pk}")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from django.utils import timezone
 
-from leases import actions, store
+from leases import actions
 from leases.lifecycle import LeaseState
 from leases.models import Alert, Lease
 from leases.scheduler import Scheduler
@@ -45,7 +45,7 @@ def isolated_by_the_tick(monkeypatch):
     """The tick's pass picks the request up (its report says placed) and then, while it runs the tick's part,
     isolates the lease: the waiter reads a failed lease whose only report says "placed"."""
     monkeypatch.setattr(
-        store,
+        actions,
         "await_decision",
         lambda lease_id, now, since=None: (actions.advance(now), Lease.objects.get(pk=lease_id))[1],
     )

@@ -10,9 +10,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from leases import store
+from leases import actions
 from leases.lifecycle import LeaseState
 from leases.models import Lease, Reservation
+from leases.planning import passes, waiting
 from leases.scheduler import LeaseRequest, Scheduler, SchedulerConfig
 from leases.slottable import Res
 from tests.leases.conftest import vm
@@ -80,7 +81,7 @@ def test_a_pass_that_runs_after_the_requested_start_places_the_ar_from_its_now(f
         vnodes=[vm()],
     )
     planned_at = arrived + timedelta(seconds=3)
-    with store.planning(planned_at):
+    with passes.planning(planned_at):
         pass
     lease.refresh_from_db()
     assert lease.state == LeaseState.ACTIVE, lease.message
@@ -93,9 +94,9 @@ def test_a_pass_that_runs_after_the_requested_start_places_the_ar_from_its_now(f
 def test_the_api_places_an_ar_whose_start_passed_before_its_pass(operator, fleet, monkeypatch):
     # The request is valid when it arrives (its start a second ahead); its pass runs two seconds later, as when
     # it waits behind a burst.
-    real = store.await_decision
+    real = waiting.await_decision
     monkeypatch.setattr(
-        store,
+        actions,
         "await_decision",
         lambda lease_id, now, since=None: real(lease_id, now + timedelta(seconds=2), since=since),
     )

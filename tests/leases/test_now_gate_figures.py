@@ -1,12 +1,12 @@
-"""The now-gate's figures (leases/store.py `observed_extra`, docs/capacity.md): per usable node, the memory it is
-seen to use beyond its remembered baseline and what the plan holds there now, and the disk it is short of what
-the plan thinks is free."""
+"""The now-gate's figures (leases/planning/prepare.py `observed_extra`, docs/capacity.md): per usable node, the
+memory it is seen to use beyond its remembered baseline and what the plan holds there now, and the disk it is
+short of what the plan thinks is free."""
 
 from __future__ import annotations
 
 from fleet import capacity
 from fleet.nodestate import NodeState
-from leases import store
+from leases.planning import prepare, records
 from leases.scheduler import LeaseRequest, Scheduler, SchedulerConfig
 from leases.slottable import Res
 
@@ -34,12 +34,12 @@ def test_each_node_is_charged_what_it_is_seen_to_use_beyond_its_baseline_and_its
         node(5, used=99999, disk_free=1.0),  # excluded: never charged
         node(6, used=2048, baseline=2048, disk_free=500.0),  # as planned
     ]
-    s = Scheduler({n.id: store.node_capacity(n) for n in nodes}, SchedulerConfig())
+    s = Scheduler({n.id: records.node_capacity(n) for n in nodes}, SchedulerConfig())
     s.submit(LeaseRequest(1, "immediate", 0, None, 3600, (Res(cpu=100, mem=4096, disk=20),)), 0)
     assert (
         s.leases[1].current_vm().nodes == {1: 1} or next(iter(s.leases[1].current_vm().nodes.values())) == 1
     )
-    extra, columns = store.observed_extra(nodes, s, 10, {5: "draining: maintenance"})
+    extra, columns = prepare.observed_extra(nodes, s, 10, {5: "draining: maintenance"})
     allocatable_disk = capacity.node_limits(nodes[0]).disk_gib  # 480
     assert extra == {
         1: Res(mem=9000 - 3000 - 4096, disk=allocatable_disk - 20 - (400 - capacity.DISK_RESERVE_GIB)),
@@ -57,9 +57,9 @@ def test_figures_that_did_not_move_are_the_same_objects_and_the_scheduler_keeps_
     it gave then, so Scheduler.observe finds them unchanged by identity and keeps its now-gate mapping (and what
     explain derived from it) instead of comparing a dataclass per node."""
     nodes = [node(i, used=9000 + i, baseline=3000, disk_free=400.0) for i in range(1, 50)]
-    s = Scheduler({n.id: store.node_capacity(n) for n in nodes}, SchedulerConfig())
-    first, columns = store.observed_extra(nodes, s, 10, {})
-    again, _ = store.observed_extra(nodes, s, 10, {})
+    s = Scheduler({n.id: records.node_capacity(n) for n in nodes}, SchedulerConfig())
+    first, columns = prepare.observed_extra(nodes, s, 10, {})
+    again, _ = prepare.observed_extra(nodes, s, 10, {})
     assert first == again and all(again[n] is first[n] for n in first)
     s.observe(first, columns)
     kept = s._now_extra

@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 from fleet import actions as fleet_actions
 from fleet.nodestate import BASELINE_FLOOR_MIB, DISK_RESERVE_GIB, HOST_RESERVE_MIB
-from leases import store
 from leases.instances.actions import nodes as node_actions
 from leases.models import Lease
+from leases.planning import reading, restore
 
 pytestmark = pytest.mark.django_db
 
@@ -296,7 +296,7 @@ def test_on_random_fleets_every_preview_agrees_with_the_submission_and_names_its
 
     try:
         with transaction.atomic():
-            store.drop_cache()
+            restore.drop_cache()
             start = timezone.now() + timedelta(seconds=ask["ahead_s"]) if ask["ahead_s"] else None
             shape = {k: ask[k] for k in ("mem_mib", "disk_gib", "cpu_cores")}
             body = {
@@ -308,7 +308,7 @@ def test_on_random_fleets_every_preview_agrees_with_the_submission_and_names_its
             if start is not None:
                 body["start"] = start.isoformat()
             # The first preview runs a planning pass; its commit hooks keep the scheduler, so the second preview
-            # asks the kept one without a pass (store.consulting's read path), as most previews in service do.
+            # asks the kept one without a pass (reading.consulting's read path), as most previews in service do.
             with django_capture_on_commit_callbacks(execute=True):
                 build(fleet, operator)
                 for count, mem in load:
@@ -354,19 +354,19 @@ def test_on_random_fleets_every_preview_agrees_with_the_submission_and_names_its
     except Done:
         pass
     finally:
-        store.drop_cache()
+        restore.drop_cache()
 
 
 @pytest.fixture
 def read_path(monkeypatch):
     """Records, for each preview, whether it read the kept scheduler (True) or ran a pass (False)."""
     seen: list[bool] = []
-    real = store._read_plan
+    real = reading._read_plan
 
     def spy(now):
         plan = real(now)
         seen.append(plan is not None)
         return plan
 
-    monkeypatch.setattr(store, "_read_plan", spy)
+    monkeypatch.setattr(reading, "_read_plan", spy)
     return seen

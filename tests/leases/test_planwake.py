@@ -10,14 +10,14 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from leases import store
 from leases.lifecycle import LeaseState
+from leases.planning import passes, waiting
 from slotkeeper import planwake
 from tests.leases.conftest import intent
 
 
 def start_waiter(lease_id: int, since: int, looks: list[str], answer: list) -> threading.Thread:
-    """A thread waiting for the request `lease_id` (store.await_decision), each of its reads of a lease row in
+    """A thread waiting for the request `lease_id` (waiting.await_decision), each of its reads of a lease row in
     `looks`, its answer in `answer`."""
 
     def waiter() -> None:
@@ -28,7 +28,7 @@ def start_waiter(lease_id: int, since: int, looks: list[str], answer: list) -> t
 
         try:
             with connection.execute_wrapper(counted):
-                answer.append(store.await_decision(lease_id, timezone.now(), since=since))
+                answer.append(waiting.await_decision(lease_id, timezone.now(), since=since))
         finally:
             connection.close()
 
@@ -73,7 +73,7 @@ def test_a_waiter_reads_its_row_only_after_the_pass_that_decided_it(fleet, monke
     lease = intent("waits", timezone.now())
     looks: list[str] = []
     answer: list = []
-    store._pass_turn.acquire()  # the waiter cannot run a pass itself: it has to be woken
+    waiting._pass_turn.acquire()  # the waiter cannot run a pass itself: it has to be woken
     try:
         thread = start_waiter(lease.pk, since, looks, answer)
         for _ in range(5):  # passes that decided other requests
@@ -81,10 +81,10 @@ def test_a_waiter_reads_its_row_only_after_the_pass_that_decided_it(fleet, monke
             time.sleep(0.02)
         time.sleep(0.2)
         assert looks == [] and thread.is_alive()
-        with store.planning(timezone.now()):
+        with passes.planning(timezone.now()):
             pass  # decides the request and names it
     finally:
-        store._pass_turn.release()
+        waiting._pass_turn.release()
     thread.join(20)
     assert not thread.is_alive()
     assert answer and answer[0].pk == lease.pk and answer[0].state != LeaseState.NEW
@@ -100,7 +100,7 @@ def test_a_waiter_that_cannot_hear_every_pass_looks_at_every_wake_up(fleet, monk
     since = planwake.ticket()
     lease = intent("waits", timezone.now())
     looks: list[str] = []
-    store._pass_turn.acquire()
+    waiting._pass_turn.acquire()
     try:
         thread = start_waiter(lease.pk, since, looks, [])
         time.sleep(0.2)
@@ -110,9 +110,9 @@ def test_a_waiter_that_cannot_hear_every_pass_looks_at_every_wake_up(fleet, monk
             planwake._bump(frozenset({lease.pk + 1000}))
             time.sleep(0.1)
         assert len(looks) == first + 3
-        with store.planning(timezone.now()):
+        with passes.planning(timezone.now()):
             pass
     finally:
-        store._pass_turn.release()
+        waiting._pass_turn.release()
     thread.join(20)
     assert not thread.is_alive()

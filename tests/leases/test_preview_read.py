@@ -1,6 +1,7 @@
-"""A preview is a read (leases/store.py `consulting`): asked of the scheduler the last pass committed, when this
-process holds it current, with no plan lock, no version and no journal; a planning pass otherwise. Either way it
-answers exactly as a pass at the same instant would, and never from a scheduler a pass is changing."""
+"""A preview is a read (leases/planning/reading.py `consulting`): asked of the scheduler the last pass committed,
+when this process holds it current, with no plan lock, no version and no journal; a planning pass otherwise.
+Either way it answers exactly as a pass at the same instant would, and never from a scheduler a pass is
+changing."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from django.utils import timezone
 
 from fleet.models import Node
 from leases import actions as lease_actions
-from leases import store
 from leases.models import Lease, PlanVersion, SchedulerState
+from leases.planning import passes, reading, restore
 from slotkeeper import planlock
 from tests.conftest import requires_postgres
 from tests.leases.conftest import intent, vm
@@ -33,9 +34,9 @@ def submit(client, **body):
 @pytest.fixture
 def kept(fleet, django_capture_on_commit_callbacks):
     """A fleet with a pass committed in this process, so its scheduler is cached (as in a running server)."""
-    with django_capture_on_commit_callbacks(execute=True), store.planning(timezone.now()):
+    with django_capture_on_commit_callbacks(execute=True), passes.planning(timezone.now()):
         pass
-    assert store._cache.value is not None
+    assert restore._cache.value is not None
     return fleet
 
 
@@ -67,7 +68,7 @@ def test_a_preview_read_answers_exactly_as_a_preview_in_a_pass(
     before = plan_marks()
     read, _ = lease_actions.do_preview(None, ASK, now=now)
     assert plan_marks() == before  # it was a read
-    store.drop_cache()  # the next preview must run a pass (a reload) to answer
+    restore.drop_cache()  # the next preview must run a pass (a reload) to answer
     passed, _ = lease_actions.do_preview(None, ASK, now=now)
     assert plan_marks()[0] == before[0] + 1  # it was a pass
     assert answer(read) == answer(passed)
@@ -110,7 +111,7 @@ def test_a_preview_runs_a_pass_when_another_process_committed_since(kept):
     SchedulerState.objects.filter(pk=1).update(version=state.version + 1)
     PlanVersion.objects.create(version=state.version + 1, leases=[])
     lease_actions.do_preview(None, ASK, now=timezone.now())
-    assert store.cache_stats.how == "caught_up"
+    assert restore.cache_stats.how == "caught_up"
     assert plan_marks()[0] == state.version + 2
 
 
@@ -118,35 +119,35 @@ def test_a_preview_runs_a_pass_when_a_node_changed_capacity(kept):
     Node.objects.filter(name="n1").update(cpu_cores=8)
     before = plan_marks()
     lease_actions.do_preview(None, ASK, now=timezone.now())
-    assert store.cache_stats.how == "reloaded" and plan_marks()[0] == before[0] + 1
+    assert restore.cache_stats.how == "reloaded" and plan_marks()[0] == before[0] + 1
 
 
 def test_a_pass_waits_for_a_read_to_finish_before_it_takes_the_scheduler(kept):
     taken = []
-    with store.consulting(timezone.now()) as plan:
+    with reading.consulting(timezone.now()) as plan:
         sched = plan.scheduler
-        passing = threading.Thread(target=lambda: taken.append(store._take_cached()))
+        passing = threading.Thread(target=lambda: taken.append(restore._take_cached()))
         passing.start()
         passing.join(0.3)
         assert passing.is_alive() and not taken  # the pass waits: the read is still asking
     passing.join(5)
-    assert taken[0].scheduler is sched and store._cache.value is None
+    assert taken[0].scheduler is sched and restore._cache.value is None
 
 
 def test_a_read_does_not_ask_the_scheduler_a_pass_has_taken(kept):
-    store._take_cached()  # a pass in another thread has it, and has not committed
+    restore._take_cached()  # a pass in another thread has it, and has not committed
     before = plan_marks()
-    with store.consulting(timezone.now()):
+    with reading.consulting(timezone.now()):
         pass
     assert plan_marks()[0] == before[0] + 1  # it ran a pass of its own
 
 
 def test_a_read_that_fails_drops_the_cached_scheduler(kept):
-    with pytest.raises(RuntimeError), store.consulting(timezone.now()):
+    with pytest.raises(RuntimeError), reading.consulting(timezone.now()):
         raise RuntimeError("a question that failed half-way")
-    assert store._cache.value is None
-    assert store._cache_lock.acquire(blocking=False)  # and gave the lock back
-    store._cache_lock.release()
+    assert restore._cache.value is None
+    assert restore._cache_lock.acquire(blocking=False)  # and gave the lock back
+    restore._cache_lock.release()
 
 
 @requires_postgres

@@ -1,5 +1,5 @@
 """A preview while a pass is under way, with real threads on PostgreSQL: it never answers from the scheduler the pass
-has changed and not committed (leases/store.py `consulting`)."""
+has changed and not committed (leases/planning/reading.py `consulting`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from django.db import connection
 from django.utils import timezone
 
 from leases import actions as lease_actions
-from leases import store
+from leases.planning import passes, restore
 from leases.scheduler import LeaseRequest
 from leases.slottable import Res
 from tests.conftest import requires_postgres
@@ -25,16 +25,16 @@ class Undone(Exception):
 
 
 def test_a_preview_during_a_pass_answers_from_the_committed_plan_never_the_half_written_one(fleet):
-    with store.planning(timezone.now()):
+    with passes.planning(timezone.now()):
         pass  # committed (autocommit outside): this process now caches the scheduler
-    assert store._cache.value is not None
+    assert restore._cache.value is not None
     changed, go = threading.Event(), threading.Event()
     answers: list[dict] = []
     errors: list[BaseException] = []
 
     def pass_that_fails() -> None:
         try:
-            with store.planning(timezone.now()) as plan:
+            with passes.planning(timezone.now()) as plan:
                 # The whole fleet taken in memory, by a request that will never commit.
                 taker = LeaseRequest(
                     id=10**9, type="immediate", submit=plan.t, start=None, duration=3600,

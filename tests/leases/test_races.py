@@ -12,13 +12,14 @@ from django.utils import timezone
 
 from fleet import actions as fleet_actions
 from fleet.models import Node
-from leases import actions, instance_rows, store
+from leases import actions, instance_rows
 from leases.instances import placing
 from leases.instances.actions import nodes as node_actions
 from leases.instances.actions import reports as ingest
 from leases.instances.actions import reschedules
 from leases.instances.models import Reschedule
 from leases.models import Instance
+from leases.planning import restore
 from slotkeeper import planlock
 from tests.conftest import requires_postgres
 
@@ -101,7 +102,7 @@ def test_a_cancel_during_a_heartbeat_that_reports_every_instance_running_is_not_
     assert {desired for _, desired in rows} == {"stopped"}
     assert not [s for s, _ in rows if s in ("running", "placed", "unhealthy", "restarting")], rows
     # And the placer no longer counts them once the agent confirms they are gone.
-    store.drop_cache()
+    restore.drop_cache()
     node_actions.do_heartbeat(
         Node.objects.get(pk=node.pk),
         fleet_actions.HealthReport(65536, 1000, 90.0, 1.0, 0.1, ()),

@@ -12,7 +12,7 @@ import pytest
 from django.utils import timezone
 
 from fleet.models import PlacementReport
-from leases import store
+from leases.planning import passes
 from leases.scheduler import LeaseRequest, Scheduler
 from leases.scheduling.mapper import LAZY_NODES
 from tests.leases.conftest import intent
@@ -87,7 +87,7 @@ def test_a_pass_explains_each_shape_and_window_of_what_it_rejects_once(fleet, mo
     )
     now = timezone.now()
     leases = [intent(f"same-{i}", now, type="immediate", cores=4) for i in range(12)]
-    with store.planning(now):
+    with passes.planning(now):
         pass
     outcomes = {
         r.subject: r.outcome

@@ -20,10 +20,10 @@ from fleet.nodestate import (
     remembered_baseline,
 )
 from leases import actions as lease_actions
-from leases import store
 from leases.instances.actions import nodes as node_actions
 from leases.lifecycle import LeaseState
 from leases.models import Lease
+from leases.planning import records
 from leases.scheduler import LeaseRecord, LeaseRequest, ReservationRecord, Scheduler, SchedulerConfig
 from leases.slottable import Res
 from slotkeeper.models import AuditEntry
@@ -132,7 +132,7 @@ def test_a_baseline_that_grows_moves_a_future_reservation_off_the_node_with_the_
     assert f"no longer fit {holder.name}" in lease.message
     assert AuditEntry.objects.filter(action="lease.replace", target_id=str(lease.pk)).exists()
     assert overcommitted_instants() == []
-    assert store.node_capacity(placement.states_from_rows(now)[fleet.index(holder)]).mem == 8192 - 2048
+    assert records.node_capacity(placement.states_from_rows(now)[fleet.index(holder)]).mem == 8192 - 2048
 
 
 def figures(client, node_id: int) -> dict:

@@ -12,9 +12,10 @@ import pytest
 from django.utils import timezone
 
 from fleet import placement
-from leases import actions, store
+from leases import actions
 from leases.lifecycle import LeaseState
 from leases.models import Alert, Lease, Reservation, SchedulerState
+from leases.planning import intents, passes, restore
 from leases.scheduler import Scheduler
 from tests.leases.conftest import count_loads, intent, picture, unreadable, vm
 from tests.leases.invariants import overcommitted_instants
@@ -24,13 +25,13 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def cached_scheduler() -> Scheduler:
-    cached = store._cache.value
+    cached = restore._cache.value
     assert cached is not None, "the pass committed, so its scheduler is cached"
     return cached.scheduler
 
 
 def reloaded_scheduler(now) -> Scheduler:
-    return store.load(placement.states_from_rows(now), SchedulerState.objects.get(pk=1).next_rid)
+    return restore.load(placement.states_from_rows(now), SchedulerState.objects.get(pk=1).next_rid)
 
 
 @pytest.fixture
@@ -75,7 +76,7 @@ def test_a_submit_that_raises_after_preempting_is_answered_alone_and_undone(busy
     seen: list = []
     inject_fault_after_commit(monkeypatch, bad.pk, seen)
 
-    with store.planning(later):
+    with passes.planning(later):
         pass
 
     assert seen == [[victim.pk]], "the fault must strike after the submit preempted the victim"
@@ -121,7 +122,7 @@ def test_a_request_whose_submit_always_raises_does_not_stop_later_passes(busy, m
         "bad", later, type="advance_reservation", cores=4, count=3, start=later + timedelta(minutes=30)
     )
     inject_fault_after_commit(monkeypatch, bad.pk, [])
-    with store.planning(later):
+    with passes.planning(later):
         pass
     bad.refresh_from_db()
     assert bad.state == LeaseState.REJECTED
@@ -143,10 +144,10 @@ def test_a_submit_that_raises_before_changing_anything_costs_no_reload(fleet, mo
     bad, good = intent("bad", now), intent("good", now)
     unreadable(monkeypatch, "bad")
     loads = count_loads(monkeypatch)
-    with store.planning(now):
+    with passes.planning(now):
         pass
     cached = cached_scheduler()
-    with store.planning(now):
+    with passes.planning(now):
         pass
     bad.refresh_from_db()
     good.refresh_from_db()
@@ -159,21 +160,21 @@ def test_a_defect_that_fails_every_submit_costs_a_pass_a_few_restarts_not_one_pe
     # Each restart reloads the scheduler and submits the batch's earlier requests again: one per request of a
     # 500-request batch would hold the plan lock for minutes. Past MAX_RESTARTS the rest wait for the next pass.
     now = timezone.now()
-    waiting = [intent(f"w{i}", now) for i in range(store.MAX_RESTARTS + 2)]
+    waiting = [intent(f"w{i}", now) for i in range(intents.MAX_RESTARTS + 2)]
 
     def broken(self, req, now, excluded=None, *, defer=False):
         raise RuntimeError("every submit fails")
 
     monkeypatch.setattr(Scheduler, "submit", broken)
     loads = count_loads(monkeypatch)
-    with store.planning(now):
+    with passes.planning(now):
         pass
     states = [Lease.objects.get(pk=w.pk).state for w in waiting]
-    assert states == [LeaseState.REJECTED] * store.MAX_RESTARTS + [LeaseState.NEW] * 2
-    assert len(loads) == 1 + store.MAX_RESTARTS  # the pass's own load, then one per restart
-    assert Alert.objects.filter(kind="failed_placement").count() == store.MAX_RESTARTS
+    assert states == [LeaseState.REJECTED] * intents.MAX_RESTARTS + [LeaseState.NEW] * 2
+    assert len(loads) == 1 + intents.MAX_RESTARTS  # the pass's own load, then one per restart
+    assert Alert.objects.filter(kind="failed_placement").count() == intents.MAX_RESTARTS
     # The next pass answers the rest; once the defect is gone, requests are placed again.
-    with store.planning(now):
+    with passes.planning(now):
         pass
     assert set(Lease.objects.filter(pk__in=[w.pk for w in waiting]).values_list("state", flat=True)) == {
         LeaseState.REJECTED
@@ -201,7 +202,7 @@ def test_a_cancel_that_raises_part_way_rolls_the_whole_pass_back_and_drops_the_c
     monkeypatch.setattr(Scheduler, "_reevaluate", broken)
     with pytest.raises(RuntimeError):
         actions.do_cancel_lease(None, victim.pk, now=later)
-    assert store._cache.value is None
+    assert restore._cache.value is None
     victim.refresh_from_db()
     assert victim.state == LeaseState.ACTIVE
     monkeypatch.undo()

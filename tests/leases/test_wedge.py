@@ -9,10 +9,11 @@ import pytest
 
 from fleet import actions as fleet_actions
 from fleet.models import Node
-from leases import actions, store
+from leases import actions
 from leases.instances.actions import nodes as node_actions
 from leases.instances.actions import periodic
 from leases.models import Alert, Reservation
+from leases.planning import restore
 from leases.scheduler import Scheduler
 from tests.conftest import T0
 
@@ -61,7 +62,7 @@ def test_a_best_effort_lease_suspended_for_a_reservation_resumes_after_a_reload(
     for seconds in (48, 55, 64, 90, 700, 800):
         at = T0 + timedelta(seconds=seconds)
         beat(node, at)
-        store.drop_cache()
+        restore.drop_cache()
         periodic.tick(at)
     be.refresh_from_db()
     ar.refresh_from_db()
@@ -86,7 +87,7 @@ def test_a_lease_the_scheduler_cannot_load_is_isolated_and_the_rest_goes_on():
     assert broken.state == "active"
     assert Reservation.objects.get(lease=broken).nodes == {"1": doomed.pk}
     Node.objects.filter(pk=doomed.pk).delete()
-    store.drop_cache()
+    restore.drop_cache()
     beat(node, T0 + timedelta(seconds=5))
     periodic.tick(T0 + timedelta(seconds=5))
     broken.refresh_from_db()
@@ -143,7 +144,7 @@ def test_a_failing_tick_raises_one_alert_shows_on_readyz_and_metrics_and_clears_
     assert ready["checks"]["scheduler"].startswith("tick failing: 2 in a row")
     assert ready["ready"] is True  # the web process itself is fine; the alert says what is not
     metrics = client.get("/metrics").content.decode()
-    assert "slotkeeper_tick_failures_in_a_row 2" in metrics
+    assert "slotkeeper_tick_failures_in_a_row 2.0" in metrics
     monkeypatch.undo()
     periodic.tick(T0 + timedelta(seconds=15))
     assert alerts.get().resolved_at is not None

@@ -10,13 +10,13 @@ from datetime import datetime
 from django.db import transaction
 
 from fleet.models import Node, NodeStatus
-from leases import store
 from leases.instance_rows import LIVE, wind_down
 from leases.instances.actions.reschedules import do_approve, propose
 from leases.instances.models import Reschedule, RescheduleStatus
 from leases.instances.placing import FleetView
 from leases.instances.reads import in_flight
 from leases.models import Instance
+from leases.planning.passes import planning
 from slotkeeper import audit, events
 
 
@@ -32,7 +32,7 @@ def propose_moves(node: Node, now: datetime) -> list[Reschedule]:
     )
     if not insts:
         return proposals
-    with store.planning(now) as plan:
+    with planning(now) as plan:
         fleet = FleetView.for_proposals(now, plan.nodes)
         for inst in insts:
             proposal = propose(plan, inst, now, cause="drain", note=f"drain of {node.name}:", fleet=fleet)

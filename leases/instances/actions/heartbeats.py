@@ -42,6 +42,9 @@ def flush(batch: dict[int, list[Pending]]) -> Flushed:
     done = Flushed()
     if not batch:
         return done
+    # Measured before the write replaces what they are measured against, counted once it is done: a flush that
+    # fails is tried again with the same batch.
+    ages = fleet_heartbeats.ages({node_id: [e.at for e in entries] for node_id, entries in batch.items()})
     on_node: dict[int, list[dict]] = {}
     for row in (
         Instance.objects.filter(node_id__in=list(batch), state__in=ON_NODE)
@@ -68,6 +71,7 @@ def flush(batch: dict[int, list[Pending]]) -> Flushed:
     metrics.inc("slotkeeper_heartbeats_buffered_total", sum(map(len, batch.values())))
     metrics.inc("slotkeeper_heartbeats_flushed_total", done.set_based, how="set")
     metrics.inc("slotkeeper_heartbeats_flushed_total", done.per_node, how="node")
+    fleet_heartbeats.count_ages(ages)
     return done
 
 

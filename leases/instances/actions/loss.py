@@ -9,7 +9,6 @@ from collections.abc import Iterable
 from datetime import datetime
 
 from fleet.models import Node
-from leases import store
 from leases.alerts import raise_alert
 from leases.instance_rows import LIVE, step
 from leases.instances.actions.reschedules import propose
@@ -18,6 +17,8 @@ from leases.instances.placing import FleetView
 from leases.instances.rules import ReschedulePolicy, decide_on_loss
 from leases.lifecycle import InstanceState
 from leases.models import Instance
+from leases.planning.passes import planning
+from leases.planning.plan import Planning
 
 _I = InstanceState
 
@@ -54,7 +55,7 @@ def on_nodes_died(node_ids: Iterable[int], now: datetime, reason: str = "") -> l
         return proposals
     # One planning pass for every decision of this loss: the proposals' holds are written into the slot table as
     # they are made, so each counts the ones before it, and a failed instance's room is freed at once.
-    with store.planning(now) as plan:
+    with planning(now) as plan:
         fleet = FleetView.for_proposals(now, plan.nodes)
         for inst in lost:
             proposal = _decide(plan, inst, now, fleet)
@@ -65,7 +66,7 @@ def on_nodes_died(node_ids: Iterable[int], now: datetime, reason: str = "") -> l
     return proposals
 
 
-def _decide(plan: store.Planning, inst: Instance, now: datetime, fleet: FleetView) -> Reschedule | None:
+def _decide(plan: Planning, inst: Instance, now: datetime, fleet: FleetView) -> Reschedule | None:
     """What becomes of one lost instance under its lease's reschedule policy: held on its node until it returns,
     failed (its room freed), or proposed for a move (its new room held)."""
     lease = inst.lease

@@ -11,7 +11,7 @@ from django.db.models import Count
 
 from leases import actions as lease_actions
 from leases.instances.actions import alerts, drains, nodes, reschedules, restarts, retention
-from leases.instances.models import Reschedule
+from leases.instances.models import Reschedule, RescheduleStatus
 from slotkeeper import outbox
 
 
@@ -41,7 +41,7 @@ def retain(now: datetime) -> retention.Pruned:
 
 
 def reschedule_gauges():
-    return [
-        ("slotkeeper_reschedules", {"status": r["status"]}, r["n"])
-        for r in Reschedule.objects.values("status").annotate(n=Count("id"))
-    ]
+    counts = dict.fromkeys(RescheduleStatus.values, 0) | dict(
+        Reschedule.objects.values("status").annotate(n=Count("id")).values_list("status", "n")
+    )
+    return [("slotkeeper_reschedules", {"status": status}, n) for status, n in counts.items()]

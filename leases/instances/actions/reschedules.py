@@ -1,9 +1,10 @@
 """Reschedules: a proposal (a dry-run placement kept with every node's verdict), its approval and its rejection.
 
-Approvals run in one plan-applier transaction (store.planning), so a move counts every other move already
-committed; two approvals that race (seed 002, Nova bug 1735407) are serialised and the second is re-planned
-instead of violating the group. A bulk approval re-plans each proposal against the ones approved before it in the
-same call, and writes them all at the end (`_Batch`). Each approval writes its audit row; events go after commit.
+Approvals run in one plan-applier transaction (leases/planning/, `passes.planning`), so a move counts every other
+move already committed; two approvals that race (seed 002, Nova bug 1735407) are serialised and the second is
+re-planned instead of violating the group. A bulk approval re-plans each proposal against the ones approved before
+it in the same call, and writes them all at the end (`_Batch`). Each approval writes its audit row; events go
+after commit.
 
 An approval is decided by the plan applier's scheduler (placing.decide_move): the pass's slot table is the one
 capacity view, each move is written into it before the next approval is decided, and the stored report is the
@@ -22,12 +23,15 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
-from leases import store
 from leases.instance_rows import LIVE, placed_event, placed_instance
 from leases.instances.models import Reschedule, RescheduleStatus
 from leases.instances.placing import BLOCKERS, FleetView, decide_move, move_request, vnode_need
 from leases.lifecycle import TERMINAL_LEASE_STATES, InstanceState, LeaseState, can_instance
 from leases.models import Instance, InstanceEvent, Reservation
+from leases.planning.passes import planning
+from leases.planning.plan import Planning, move_vnode
+from leases.planning.records import from_epoch, to_epoch
+from leases.planning.reporting import report_row
 from slotkeeper import audit, events, metrics, outbox
 from slotkeeper.bulk import Row, insert_many, update_many
 from slotkeeper.domain import DomainError, NotFound, StaleVersion
@@ -37,7 +41,7 @@ _I = InstanceState
 
 
 def propose(
-    plan: store.Planning, inst: Instance, now: datetime, *, cause: str, note: str = "", fleet: FleetView
+    plan: Planning, inst: Instance, now: datetime, *, cause: str, note: str = "", fleet: FleetView
 ) -> Reschedule | None:
     """A pending proposal to move `inst`, decided as an approval would decide it (Scheduler.decide) and holding its
     room: the target's capacity for the lost VM is kept in the slot table (a `hold` reservation of the lease) until
@@ -67,7 +71,7 @@ def propose(
 
 
 def _decide_and_hold(
-    plan: store.Planning, proposal: Reschedule, inst: Instance, now: datetime, fleet: FleetView, note: str
+    plan: Planning, proposal: Reschedule, inst: Instance, now: datetime, fleet: FleetView, note: str
 ) -> str | None:
     """Decides where the instance would go now and holds that room; fills the proposal's target, hold, report,
     blocked_by and message (unsaved). Returns the target's name, or None when nothing fits now."""
@@ -81,13 +85,13 @@ def _decide_and_hold(
         )
         return None
     trial = sched.decide(req, plan.t, plan.excluded)
-    report = store.report_row(
+    report = report_row(
         plan, req, trial.start, trial.end, outcome=trial.outcome, message="", subject=f"reschedule:{inst.iid}",
         requested_by="scheduler", proposed=trial.nodes[:1] if trial.placed else [],
     )  # fmt: skip
     # Where and from when its room can be held: now, or from the first instant it frees (newer best-effort
     # leases' future reservations making way: the lost instance's lease held capacity before they came).
-    room = sched.find_room(req, store.to_epoch(inst.lease.submitted_at), plan.t, plan.excluded)
+    room = sched.find_room(req, to_epoch(inst.lease.submitted_at), plan.t, plan.excluded)
     held = None
     if room is not None:
         start, target_id, in_way = room
@@ -102,7 +106,7 @@ def _decide_and_hold(
         until = now + timedelta(seconds=settings.SLOTKEEPER["RESCHEDULE_HOLD_S"])
         if held.start > plan.t:
             # Held from when the room frees: the hold lasts from then.
-            until = store.from_epoch(held.start) + timedelta(seconds=settings.SLOTKEEPER["RESCHEDULE_HOLD_S"])
+            until = from_epoch(held.start) + timedelta(seconds=settings.SLOTKEEPER["RESCHEDULE_HOLD_S"])
         proposal.proposed_node_id, proposal.hold_rid, proposal.held_until = target_id, held.rid, until
         proposal.blocked_by = ""
         when = "" if held.start <= plan.t else f" from {sched.label(held.start)}, when it frees"
@@ -147,7 +151,7 @@ def refresh(now: datetime) -> int:
     if not due:
         return 0
     found = 0
-    with store.planning(now) as plan:
+    with planning(now) as plan:
         # What a submission does before it plans: the reservations due by now start and end (not the queue: a
         # lost instance's lease holds capacity, and goes before newcomers).
         plan.scheduler.catch_up(plan.t)
@@ -198,14 +202,11 @@ def _after(note: str, text: str) -> str:
     return f"{note} {text}".strip()
 
 
-def _room_for(plan: store.Planning, inst: Instance, fleet: FleetView) -> bool:
+def _room_for(plan: Planning, inst: Instance, fleet: FleetView) -> bool:
     req = move_request(plan, inst, fleet)
     if req is None:
         return False
-    return (
-        plan.scheduler.find_room(req, store.to_epoch(inst.lease.submitted_at), plan.t, plan.excluded)
-        is not None
-    )
+    return plan.scheduler.find_room(req, to_epoch(inst.lease.submitted_at), plan.t, plan.excluded) is not None
 
 
 def _note(proposal: Reschedule, expired: bool) -> str:
@@ -333,7 +334,7 @@ def do_approve(
     committed before it, including the moves approved earlier in this same call (each is in the slot table and the
     group members before the next is decided), so neither capacity nor a group can be broken by a burst."""
     results = []
-    with store.planning(now) as plan:
+    with planning(now) as plan:
         # Retire what is already over, so only live reservations are compared.
         plan.scheduler.advance(plan.t, plan.excluded)
         # The pass read the nodes already; the slot table is the capacity view, so nothing more is read for them.
@@ -452,7 +453,7 @@ def _approve_one(proposal, plan, version: int | None, fleet: FleetView, batch: _
             lease.pk, inst.vnode, target_id, plan.t
         )  # lost: its dead node's room went already
     else:
-        moved = store.move_vnode(plan, lease.pk, inst.vnode, inst.node_id, target_id)
+        moved = move_vnode(plan, lease.pk, inst.vnode, inst.node_id, target_id)
     if not moved:
         raise DomainError(f"the slot table has no room for {inst.iid} on {target_name} any more")
     generation = batch.next_generation(lease.pk, inst.vnode)
@@ -529,7 +530,7 @@ def withdraw_moot(now: datetime) -> int:
 
 def do_reject(actor, pk: int, *, now: datetime, reason: str = "") -> Reschedule:
     """Rejects a pending proposal: the room held for it is given back, in a planning pass."""
-    with store.planning(now) as plan:
+    with planning(now) as plan:
         proposal = Reschedule.objects.select_for_update().filter(pk=pk).first()
         if proposal is None:
             raise NotFound(f"reschedule {pk} does not exist")

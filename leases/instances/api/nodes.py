@@ -14,12 +14,14 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from fleet import actions
+from fleet import heartbeats as fleet_heartbeats
 from fleet.api import serializers as s
 from fleet.api import views as fleet_views
 from fleet.api.views import validated
 from leases import reads as lease_reads
 from leases.instances import reads
 from leases.instances.actions import nodes
+from leases.instances.filters import NodeFilterSet
 from slotkeeper import metrics
 from slotkeeper.auth import IsOperator, NodeToken
 
@@ -30,6 +32,9 @@ class NodeViewSet(fleet_views.NodeViewSet):
     def get_serializer_context(self):
         # List and retrieve: every node's committed figures in one aggregate query.
         return {**super().get_serializer_context(), "committed": lease_reads.committed_now(timezone.now())}
+
+    def filterset(self, params, queryset):
+        return NodeFilterSet(params, queryset, now=timezone.now())
 
     def node_context(self, node_ids) -> dict:
         return {
@@ -54,17 +59,24 @@ class NodeViewSet(fleet_views.NodeViewSet):
     )
     @action(detail=True, methods=["post"])
     def heartbeat(self, request, pk=None):
+        now = timezone.now()
         if isinstance(request.auth, NodeToken) and request.auth.node_id == self._pk(pk):
             # A token this process resolved recently: the fast path, checked against the row as it writes.
             report = actions.HealthReport(**validated(s.HeartbeatSerializer, request.data))
-            status_ = nodes.do_heartbeat_known(request.auth, report, now=timezone.now())
+            # Unmeasured here: this path reads no node row (tests/fleet/test_node_tokens.py), and the row is
+            # what a heartbeat's age is measured against. With the buffer on (the default) it carries only what
+            # the route in front of Django leaves to the view; the buffered flush measures the rest.
+            ages: list[float] = []
+            status_ = nodes.do_heartbeat_known(request.auth, report, now=now)
             if status_ is None:
                 raise AuthenticationFailed("Invalid or revoked token.")
         else:
             node = self._own_node(request, pk)
             report = actions.HealthReport(**validated(s.HeartbeatSerializer, request.data))
-            status_ = nodes.do_heartbeat(node, report, now=timezone.now()).status
+            ages = fleet_heartbeats.ages_since({node.pk: node.last_heartbeat_at}, {node.pk: [now]})
+            status_ = nodes.do_heartbeat(node, report, now=now).status
         metrics.inc("slotkeeper_heartbeats_total")
+        fleet_heartbeats.count_ages(ages)
         return Response({"status": status_, "server_time": timezone.now()})
 
     @extend_schema(request=None, responses={200: dict})
