@@ -93,11 +93,13 @@ def coded(code: str | None) -> SafeString:
 
 
 def action_words(action: str | None) -> str:
-    """An audit action ("node.declare_dead", `slotkeeper.audit.record`) as its noun and verb: "node: declare dead"."""
+    """An audit action ("node.declare_dead", `slotkeeper.audit.record`) as its noun and verb: "node: declare dead".
+    Spaces for underscores only: WORDS says what a code means in a sentence of its own ("drain" is a reschedule's
+    cause, "node drained"), and "node: node drained" is what it made of "node.drain"."""
     if not action:
         return ""
     noun, _, verb = action.partition(".")
-    return f"{words(noun)}: {words(verb)}" if verb else words(noun)
+    return f"{noun.replace('_', ' ')}: {verb.replace('_', ' ')}" if verb else noun.replace("_", " ")
 
 
 def detail_words(details: Mapping | None) -> str:
@@ -109,6 +111,8 @@ def detail_words(details: Mapping | None) -> str:
     def value(v) -> str:
         if isinstance(v, bool):
             return "yes" if v else "no"
+        if v is None:
+            return "none"
         if isinstance(v, str) and _CODE.fullmatch(v):
             return words(v)
         return str(v)

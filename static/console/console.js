@@ -556,6 +556,9 @@
     document.addEventListener("toggle", function (e) {
       if (e.target && e.target.id === "slot-estimates") keepForecastFold(e.target.open);
     }, true);
+    // Counted again in the task that swapped the footer in, so the server's "loaded" never shows in between (a
+    // reader, or a test, saw it flip back for a frame at every live refresh); and once more when it has settled.
+    document.body.addEventListener("htmx:afterSwap", countInView);
     document.body.addEventListener("htmx:afterSettle", function (e) { afterTableRequest(e); countSoon(); });
     document.addEventListener("scroll", countSoon, { capture: true, passive: true });
     window.addEventListener("resize", countSoon);

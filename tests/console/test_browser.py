@@ -100,7 +100,9 @@ def test_a_drain_with_a_reason_goes_through_its_preview_and_lands_in_the_audit_f
     assert page.locator("[data-drain-reason]").inner_text() == "kernel upgrade, ticket 412"
     page.goto(console.url + "/audit/?action=node.drain")
     row = page.locator('tr[data-action="node.drain"]').first
-    assert re.search(r"otto.*node\.drain.*morpheus.*kernel upgrade, ticket 412", row.inner_text(), re.S)
+    # The action in words, its code the tooltip (issue 46, item 5).
+    assert re.search(r"otto.*node: drain.*morpheus.*kernel upgrade, ticket 412", row.inner_text(), re.S)
+    assert row.locator("[data-code]").get_attribute("title") == "node.drain"
 
 
 def mib_of(text: str) -> float:

@@ -167,8 +167,15 @@ def test_counts_agree_with_their_verb():
 def test_an_audit_action_and_its_details_in_words():
     assert wording.action_words("node.declare_dead") == "node: declare dead"
     assert wording.action_words("lease.submit") == "lease: submit"
-    assert wording.detail_words({"type": "best_effort", "accepted": True, "message": "lease 1 queued"}) == (
-        "type: best-effort · accepted: yes · message: lease 1 queued"
-    )
+    assert wording.action_words("node.drain") == "node: drain", "not the reschedule cause's words"
+    assert wording.detail_words(
+        {
+            "type": "best_effort",
+            "accepted": True,
+            "message": "lease 1 queued",
+            "deadline": None,
+            "max_parallel": 2,
+        }
+    ) == ("type: best-effort · accepted: yes · message: lease 1 queued · deadline: none · max parallel: 2")
     assert str(wording.coded("running")) == "running"
     assert str(wording.coded("a<b_c")) == '<span title="a&lt;b_c" data-code="a&lt;b_c">a&lt;b c</span>'
