@@ -8,8 +8,9 @@ alternating on/off and off/on round by round so that a drift of the shared machi
   the requests answered, and the rate. handler, renderer, release_rendered, collector, statements, prepared,
   raw_body and heartbeat_route.
 - in this process, lease requests one after another through `leases.actions.do_submit_lease` (each its own
-  planning pass: the fleet read, the scheduler, the writes), this thread's CPU and its backend's per request:
-  statements and bulk (a pass's writes are what bulk replaces).
+  planning pass: the fleet read, the scheduler, the writes), then in arrays of `--array`
+  (`do_submit_leases`: one pass decides the array, as a burst's group commit does), this thread's CPU and its
+  backend's per lease: statements and bulk (a pass's writes are what bulk replaces).
 
 Set-up (not timed): `--nodes` nodes bulk-created online with node tokens (bench_heartbeats.register_nodes), an
 operator's API token, one lease placed on them. Health never goes stale during the run (HEALTH_MAX_AGE_S and the
@@ -54,6 +55,8 @@ PREVIEW_BODY = {"mem_mib": 8192, "disk_gib": 12, "cpu_cores": 2.0, "capabilities
 # The requests each HTTP-measured override is timed on: the path it speeds.
 HTTP = {
     "handler": ["alerts", "lease"],
+    "handler_threads": ["alerts", "lease"],
+    "handler_one_hop": ["alerts", "lease"],
     "renderer": ["lease"],
     "release_rendered": ["lease", "preview"],
     "collector": ["lease", "preview"],
@@ -129,14 +132,15 @@ def over_http(url: str, off: str, asks: dict[str, list[bytes]], names: list[str]
         stop(proc)
 
 
-def in_process(user, url: str, off: str, count: int, first: int) -> tuple[float, float]:
-    """`count` lease requests one after another; (this thread's CPU ms, its backend's CPU ms) a request."""
+def in_process(user, url: str, off: str, count: int, first: int, array: int = 0) -> tuple[float, float]:
+    """`count` lease requests one after another, or in arrays of `array` (each array one planning pass); (this
+    thread's CPU ms, its backend's CPU ms) a lease."""
     import psutil
     from django.conf import settings
     from django.db import connection
     from django.utils import timezone
 
-    from leases.actions import do_submit_lease
+    from leases.actions import BatchItem, do_submit_lease, do_submit_leases
 
     settings.OVERRIDES_OFF = frozenset([off] if off else [])
     try:
@@ -145,7 +149,11 @@ def in_process(user, url: str, off: str, count: int, first: int) -> tuple[float,
             backend = psutil.Process(cursor.fetchone()[0])
         asks = workload(first + count, seed=49)[first:]
         pg0, cpu0 = sum(backend.cpu_times()[:2]), time.thread_time()
-        for ask in asks:
+        if array:
+            for i in range(0, count, array):
+                now = timezone.now()
+                do_submit_leases(user, [BatchItem(a.spec(now)) for a in asks[i : i + array]], now=now)
+        for ask in [] if array else asks:
             now = timezone.now()
             do_submit_lease(user, ask.spec(now), now=now)
         cpu = time.thread_time() - cpu0
@@ -170,6 +178,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0, help="each request's phase over HTTP")
     parser.add_argument("--rounds", type=int, default=3, help="on/off pairs, alternating which comes first")
     parser.add_argument("--leases", type=int, default=40, help="in-process lease requests a half-round")
+    parser.add_argument(
+        "--array", type=int, default=50, help="in process: also arrays of this many, two a half"
+    )
     parser.add_argument("--only", default="", help="comma-separated override names (default: every one)")
     args = parser.parse_args()
     only = [n for n in args.only.split(",") if n] or sorted(set(HTTP) | set(IN_PROCESS))
@@ -224,21 +235,23 @@ def main() -> None:
                     f"off {spread(row['off_s'], '{:,.0f}')}/s",
                     flush=True,
                 )
-        if name in IN_PROCESS:
+        for array in [0, args.array] if name in IN_PROCESS else []:
+            kind = f"arrays of {array}" if array else "one by one"
+            count = 2 * array if array else args.leases
             on, off_ = [], []
             for r in range(args.rounds):
                 order = ("", name) if r % 2 == 0 else (name, "")
                 for off in order:
-                    cpu, pg = in_process(user, url, off, args.leases, started)
-                    started += args.leases
+                    cpu, pg = in_process(user, url, off, count, started, array)
+                    started += count
                     (off_ if off else on).append(cpu + pg)
                     print(
-                        f"  {name:<16} round {r + 1} {'off' if off else 'on':<3} submit     "
-                        f"this thread {cpu:6.3f} + PostgreSQL {pg:6.3f} ms a request",
+                        f"  {name:<16} round {r + 1} {'off' if off else 'on':<3} {kind:<14} "
+                        f"this thread {cpu:6.3f} + PostgreSQL {pg:6.3f} ms a lease",
                         flush=True,
                     )
             print(
-                f"= {name:<16} submit     CPU ms a lease request: on {spread(on)}, off {spread(off_)}; "
+                f"= {name:<16} {kind:<14} CPU ms a lease request: on {spread(on)}, off {spread(off_)}; "
                 f"gain {gain(on, off_)}",
                 flush=True,
             )

@@ -47,6 +47,8 @@ DEBUG = env_bool("DEBUG", False)
 OVERRIDES = frozenset(
     {
         "handler",
+        "handler_threads",
+        "handler_one_hop",
         "raw_body",
         "heartbeat_route",
         "collector",
