@@ -163,6 +163,38 @@ def in_process(user, url: str, off: str, count: int, first: int, array: int = 0)
         settings.OVERRIDES_OFF = frozenset()
 
 
+def json_text(url: str, rounds: int, inserts: int = 200) -> None:
+    """fleet.models.JSONTextField: the verdicts of the 1,000-node report this run stored, inserted `inserts` times
+    into a text column (as stored) and into a jsonb column (Django's JSONField on PostgreSQL), alternating; the
+    backend's CPU a row. Not switchable at run time (it is the column's type), so measured on the statement."""
+    import psutil
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        (doc,) = conn.execute(
+            "SELECT verdicts FROM fleet_placementreport ORDER BY id DESC LIMIT 1"
+        ).fetchone()
+        backend = psutil.Process(conn.execute("SELECT pg_backend_pid()").fetchone()[0])
+        conn.execute("CREATE TEMP TABLE as_text (v text)")
+        conn.execute("CREATE TEMP TABLE as_jsonb (v jsonb)")
+        on, off = [], []
+        for r in range(rounds):
+            for table in ("as_text", "as_jsonb") if r % 2 == 0 else ("as_jsonb", "as_text"):
+                cpu0 = sum(backend.cpu_times()[:2])
+                for _ in range(inserts):
+                    conn.execute(f"INSERT INTO {table} (v) VALUES (%s)", [doc])
+                ms = (sum(backend.cpu_times()[:2]) - cpu0) / inserts * 1000
+                (on if table == "as_text" else off).append(ms)
+                print(
+                    f"  json_text        round {r + 1} {table:<8} {len(doc):,} bytes  PostgreSQL {ms:6.3f} ms a row"
+                )
+    print(
+        f"= json_text        report row  PostgreSQL CPU ms an INSERT: text {spread(on)}, jsonb {spread(off)}; "
+        f"gain {gain(on, off)} of the INSERT",
+        flush=True,
+    )
+
+
 def gain(on: list[float], off: list[float]) -> str:
     a, b = statistics.median(on), statistics.median(off)
     return f"{(b - a) / b * 100:+.1f} %" if b else "n/a"
@@ -183,7 +215,7 @@ def main() -> None:
     )
     parser.add_argument("--only", default="", help="comma-separated override names (default: every one)")
     args = parser.parse_args()
-    only = [n for n in args.only.split(",") if n] or sorted(set(HTTP) | set(IN_PROCESS))
+    only = [n for n in args.only.split(",") if n] or [*sorted(set(HTTP) | set(IN_PROCESS)), "json_text"]
 
     # Nothing goes stale while the benchmark runs: placement sees the same fleet in every half.
     for name in ("HEALTH_MAX_AGE_S", "OFFLINE_AFTER_S", "DEAD_AFTER_S"):
@@ -255,6 +287,8 @@ def main() -> None:
                 f"gain {gain(on, off_)}",
                 flush=True,
             )
+    if "json_text" in only:
+        json_text(url, args.rounds)
     print(f"done; load average {os.getloadavg()[0]:.2f}")
 
 
