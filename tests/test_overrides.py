@@ -429,7 +429,12 @@ def test_a_plain_fields_preparation_hands_its_value_on_unchanged(field, value):
     hand such a value on as it is; a Django whose preparation converts it breaks that promise."""
     assert bulk._plain(field) is type(value)
     prepared = field.get_db_prep_save(value, connection)
-    assert prepared == value and type(prepared) is type(value)
+    assert prepared == value
+    if type(prepared) is not type(value):
+        # Django 5.2 on PostgreSQL tags an integer with psycopg's size (Int2/Int4/Int8, adapt_integerfield_value)
+        # for server-side binding; bulk's arrays are cast to the column's type by the statement (`%b::integer[]`),
+        # which gives the server the same. Anything else would be a preparation bulk skips.
+        assert connection.vendor == "postgresql" and isinstance(value, int) and isinstance(prepared, int)
 
 
 @requires_postgres
