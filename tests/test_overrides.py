@@ -231,6 +231,8 @@ def test_daphne_looks_its_request_class_up_when_it_builds_each_connection():
     keep_post_bodies_raw()  # asgi.py did already, on import; idempotent
     protocol = http_protocol.HTTPFactory(Mock()).buildProtocol(("127.0.0.1", 1))
     assert protocol.requestFactory is RawBodyRequest
+    # Daphne's WebRequest hands its keyword arguments on to Twisted's Request, which keeps the flag.
+    assert RawBodyRequest(Mock())._parsePOSTFormSubmission is False
     assert issubclass(RawBodyRequest, http.Request)
     assert "parsePOSTFormSubmission" in inspect.signature(http.Request.__init__).parameters
 
