@@ -501,6 +501,23 @@ def _user(name: str, role: str):
     return get_user_model().objects.get(username=name)
 
 
+# -- JSONTextField: fleet/models.py (Django's JSONField stored as jsonb) ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name", ["db_type", "get_db_prep_value", "from_db_value", "get_transform", "get_lookup"]
+)
+def test_json_text_field_overrides_methods_django_s_json_field_still_has_with_the_same_signature(name):
+    """A Django that renamed or re-signed one of these would call its own in their place (jsonb again, or a lookup
+    the text column cannot answer) without an error. (tests/fleet/test_report_storage.py holds the storage.)"""
+    from fleet.models import JSONTextField
+
+    assert name in JSONTextField.__dict__
+    assert inspect.signature(getattr(JSONTextField, name)) == inspect.signature(
+        getattr(models.JSONField, name)
+    )
+
+
 # -- framework internals read elsewhere (not replacements, held all the same) ---------------------------------------
 
 
