@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from django.utils.html import escape
+from django.utils.html import escape, format_html
 from django.utils.safestring import SafeString, mark_safe
 
 from fleet.views import memory
@@ -37,7 +37,29 @@ WORDS = {
     "no_capable_node": "no capable node",
     "fleet_unreadable": "fleet unreadable: check the node agents",
     "unplaced": "not placed",
+    # A lease's states that are two words in code (leases/lifecycle.py, LeaseState); the others read as they are.
+    "suspended_pending": "suspended, pending",
+    "suspended_queued": "suspended, queued",
+    "suspended_scheduled": "suspended, resume scheduled",
+    "resumed_ready": "resumed, ready",
+    "rejected_by_user": "rejected by its user",
+    # A lease's type.
+    "best_effort": "best-effort",
+    "advance_reservation": "advance reservation",
+    # What raised an alert (leases/alerts.py, raise_alert), and why a reschedule was proposed.
+    "node_dead": "node declared dead",
+    "drain": "node drained",
+    "restarts_exhausted": "restarts used up",
+    "reschedule_budget_spent": "moves used up",
+    "instance_held": "instance held",
+    "failed_placement": "placement failed",
+    "reservation_stranded": "reservation stranded",
+    "lease_isolated": "lease isolated",
+    "tick_failed": "scheduler tick failed",
+    "fleet_disrupted": "fleet disrupted",
 }
+# The few phrases whose verb follows a count: "2 lack a capability", not "2 lacks a capability".
+PLURAL = {"missing_capability": "lack a capability"}
 
 _MIB = re.compile(r"(?<![\w.,])(\d[\d,]*) MiB\b")
 # The placer's at-capacity sentence names its memory figures once, then lists more without the unit:
@@ -52,6 +74,49 @@ def words(code: str | None) -> str:
     if not code:
         return ""
     return WORDS.get(code, code.replace("_", " "))
+
+
+def counted(n: int | str, code: str) -> str:
+    """A count of a reason in words: "1 lacks a capability", "2 lack a capability", "8 at capacity"."""
+    if str(n) != "1" and code in PLURAL:
+        return f"{n} {PLURAL[code]}"
+    return f"{n} {words(code)}"
+
+
+def coded(code: str | None) -> SafeString:
+    """A code where a person reads it: its words, and the code itself as the tooltip (and in data-code) when the two
+    differ, so "suspended_queued" reads "suspended, queued" and the code the API returns is one hover away."""
+    said = words(code)
+    if not code or said == code:
+        return escape(said)
+    return format_html('<span title="{}" data-code="{}">{}</span>', code, code, said)
+
+
+def action_words(action: str | None) -> str:
+    """An audit action ("node.declare_dead", `slotkeeper.audit.record`) as its noun and verb: "node: declare dead"."""
+    if not action:
+        return ""
+    noun, _, verb = action.partition(".")
+    return f"{words(noun)}: {words(verb)}" if verb else words(noun)
+
+
+def detail_words(details: Mapping | None) -> str:
+    """An audit row's details for the page: "type: best-effort · accepted: yes · …", not "type=best_effort"; the CSV
+    export keeps the JSON."""
+    if not details:
+        return ""
+
+    def value(v) -> str:
+        if isinstance(v, bool):
+            return "yes" if v else "no"
+        if isinstance(v, str) and _CODE.fullmatch(v):
+            return words(v)
+        return str(v)
+
+    return " · ".join(f"{words(str(k))}: {value(v)}" for k, v in details.items())
+
+
+_CODE = re.compile(r"[a-z]+(?:_[a-z]+)+")
 
 
 def mem(mib: int) -> str:
@@ -102,7 +167,7 @@ def readable_line(line: str) -> str:
     m = _NODE_LINE.match(line.strip())
     if m and m["code"] in WORDS:
         return user_units(f"{m['node']}: not here: {words(m['code'])} ({m['rest']})")
-    return user_units(_COUNT.sub(lambda c: f"{c[1]} {words(c[2])}", line.strip()))
+    return user_units(_COUNT.sub(lambda c: counted(c[1], c[2]), line.strip()))
 
 
 # A time the placer or the scheduler wrote into a sentence ("runs 2026-11-30 15:40:54 UTC–2026-11-30 16:00:54 UTC").
@@ -206,7 +271,7 @@ def tally(counts: Mapping[str, int]) -> str:
     ordered = sorted(
         ((code, n) for code, n in counts.items() if n and code != "evaluated"), key=lambda kv: (-kv[1], kv[0])
     )
-    return ", ".join(f"{n} {words(code)}" for code, n in ordered)
+    return ", ".join(counted(n, code) for code, n in ordered)
 
 
 @dataclass(frozen=True)

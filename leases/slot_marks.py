@@ -1,7 +1,8 @@
 """The marks drawn inside a slot-table row, one function per kind of mark, each returning its SVG markup:
 
 - `reservation_bar`: one allocation of a reservation (a bar in its lane, linked to its lease);
-- `utilisation_strip`: reservations too thin to draw one by one, folded into a shaded strip that still names them.
+- `utilisation_strip`: reservations too thin to draw one by one, folded into a shaded strip that still names them;
+- `more_control`: a row's "+N more" (the reservations its folded lanes leave out) or "show fewer".
 
 Layout (which lane, which y) is decided in leases/slotchart.py; these functions only draw what they are given, so a
 new kind of mark (the forecast's estimated bars, say) is one more function here and one more pass in
@@ -135,6 +136,46 @@ def utilisation_strip(
     )
 
 
+def more_control(
+    node_id: int,
+    node_name: str,
+    hidden: list[Alloc],
+    folded: int,
+    lanes: int,
+    expanded: bool,
+    href: str,
+    url: str,
+    y: float,
+    max_lanes: int,
+) -> str:
+    """A row's "+N more" under its name, or "show fewer" once expanded: a link to the table with the row's `expand`
+    toggled, followed in place by htmx (the table is morphed and the URL replaced, so the link stays the focused
+    element), and a plain link without JavaScript. A grid cell like the bars, reached with the arrow keys; its
+    accessible name starts with the words it shows; `data-said` is what console.js announces once it is done."""
+    name = escape(node_name)
+    noun = "reservation" if folded == 1 else "reservations"
+    if expanded:
+        text = "show fewer"
+        label = f"show fewer: {name} shows every lane; fold it to {max_lanes} lanes"
+        tip = f"fold {name} back to {max_lanes} lanes"
+        said = f"{name}: every reservation shown, {lanes} lanes"
+    else:
+        text = f"+{folded} more"
+        label = f"+{folded} more: {folded} {noun} of {name} not drawn; show every lane"
+        names = [f"lease {a.lease_id} {escape(a.lease_name)} ({a.status})" for a in hidden[:8]]
+        rest = f" and {len(hidden) - 8} more" if len(hidden) > 8 else ""
+        tip = f"not drawn: {', '.join(names)}{rest}"
+        said = f"{name}: {lanes} lane{'s' if lanes != 1 else ''} shown, {folded} {noun} behind +{folded} more"
+    url = escape(url)
+    return (
+        f'<g role="gridcell"><a href="{escape(href)}" class="more-link" id="more-{node_id}" data-roving data-expand '
+        f'tabindex="-1" aria-expanded="{"true" if expanded else "false"}" aria-label="{label}" data-said="{said}" '
+        f'hx-get="{url}" hx-target="#slot-table" hx-swap="morph" hx-replace-url="{url}" '
+        f'hx-sync="#slot-table:queue last"><text class="more" x="14" y="{y + 31:.0f}"><title>{tip}</title>{text}'
+        f"</text></a></g>"
+    )
+
+
 def row_backdrop(rows, width: int, label_w: int) -> str:
     """A page's stripes, and the shade of every unavailable row: hidden from assistive tech, drawn under the rows."""
     out = []
@@ -170,13 +211,14 @@ def row_group(row, width: int, label_w: int, node_link: str) -> str:
         if row.reason
         else ""
     )
+    hidden = f' data-hidden="{row.hidden}"' if row.hidden else ""
     return (
         f'<g class="row {status}" role="row" aria-rowindex="{row.index + 1}" data-node="{escape(node.name)}" '
-        f'data-lanes="{row.lanes}" id="slot-row-{node.pk}">'
+        f'data-lanes="{row.lanes}"{hidden} id="slot-row-{node.pk}">'
         f'<rect class="hover" x="0" y="{y}" width="{width}" height="{row.height}" aria-hidden="true"></rect>'
         f'<g role="rowheader"><a href="{node_link}{node.pk}/" class="node-link" data-roving '
         f'tabindex="{0 if row.index == 0 else -1}" aria-label="{title}"><text x="14" y="{y + 13}" class="label">'
         f"<title>{title}</title>{escape(row.label)}</text></a>{over}"
         f'<circle class="dot" cx="6" cy="{y + 9}" r="3.5" aria-hidden="true"><title>{status}</title></circle>'
-        f"{reason}</g>{row.marks}</g>"
+        f"{reason}</g>{row.more}{row.marks}</g>"
     )

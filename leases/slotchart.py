@@ -2,6 +2,11 @@
 overlapping reservations, a band for the drain reason, a utilisation strip for reservations too thin to draw), and
 the pages of rows it is sent in.
 
+A row draws at most MAX_LANES lanes, and its finished reservations (done, cancelled) never widen it; what does not fit
+waits behind the row's "+N more", which expands the row (`?expand=`, node ids). Everything a person chose (window,
+filters, rows expanded, the queue forecast's page and fold) is in the URL (`State`), so a reload or a link shows the
+same table.
+
 The page shows the first ROWS_PER_PAGE rows; the rows after them come one page at a time as they scroll into view
 (leases.views.slot_rows), and a live refresh re-renders the pages already loaded in one response. Whatever the fleet,
 a render costs the same handful of queries: every node's name, status and capabilities (for the filters and the
@@ -24,9 +29,17 @@ from fleet.models import Node, NodeStatus
 from fleet.views import Figures, figures
 from leases.models import Allocation
 from leases.reads import committed_now
-from leases.slot_marks import Alloc, reservation_bar, row_backdrop, row_group, shorten, utilisation_strip
+from leases.slot_marks import (
+    Alloc,
+    more_control,
+    reservation_bar,
+    row_backdrop,
+    row_group,
+    shorten,
+    utilisation_strip,
+)
 from leases.slots import chart
-from slotkeeper.fields import is_id
+from slotkeeper.fields import is_id, whole_number
 
 ZOOMS = {
     "1h": timedelta(hours=1),
@@ -44,6 +57,13 @@ BAR_H = 14
 REASON_H = 16  # an unavailable node's status and drain reason, on their own band above its bars
 STRIP_H = 10
 ROWS_PER_PAGE = 50
+# Lanes a row draws until it is expanded: a fourth overlapping reservation waits behind "+N more". Three keep a row
+# of the 1 h and 6 h views readable at a glance; rows of 10 to 18 lanes hid all but three nodes of the demo.
+MAX_LANES = 3
+MORE_H = 2 * LANE_H  # a row with a "+N more" is at least this tall: the control sits under the node's name
+FINISHED = frozenset({"done", "cancelled"})
+MAX_EXPANDED = 100  # node ids kept from ?expand=; a longer list is cut, not refused
+MAX_FORECAST_PAGE = 10_000
 MAX_PAGES = 40  # a live refresh re-renders at most this many loaded pages (2,000 rows)
 # Bars narrower than this (viewBox px) are folded into the row's utilisation strip.
 LOD_MIN_W = 2.0
@@ -129,6 +149,107 @@ def window_from(params, now: datetime) -> Window:
     return Window(zoom, start, start + span, now, following)
 
 
+def expanded_from(raw: str) -> frozenset[int]:
+    """`?expand=3,12`: the node ids whose rows show every lane. Anything else in the list is ignored."""
+    ids = (part.strip() for part in raw.split(",")[:MAX_EXPANDED])
+    return frozenset(int(part) for part in ids if is_id(part))
+
+
+@dataclass(frozen=True)
+class State:
+    """Everything the slot table shows that a person chose, as its URL says it: the window (`zoom`, `from`), the
+    filters, the rows expanded (`expand`), the queue forecast's page (`fpage`) and whether it is folded
+    (`forecast=closed`). Every link of the page and the live refresh are built from it, so that a reload, a link
+    sent to a colleague, a zoom or a pan keeps what the rest of the table shows."""
+
+    window: Window
+    filters: Filters
+    expanded: frozenset[int] = frozenset()
+    forecast_page: int = 1
+    forecast_open: bool = True
+
+    @classmethod
+    def from_query(cls, params, now: datetime) -> State:
+        page = whole_number(params.get("fpage", "1")) or 1
+        return cls(
+            window_from(params, now),
+            Filters.from_query(params),
+            expanded_from(params.get("expand", "")),
+            max(1, min(MAX_FORECAST_PAGE, page)),
+            params.get("forecast", "") != "closed",
+        )
+
+    def params(self) -> dict[str, str]:
+        out = {**self.window.params(), **self.filters.params()}
+        if self.expanded:
+            out["expand"] = ",".join(map(str, sorted(self.expanded)))
+        if self.forecast_page > 1:
+            out["fpage"] = str(self.forecast_page)
+        if not self.forecast_open:
+            out["forecast"] = "closed"
+        return out
+
+    def query(self, **changes: str | None) -> str:
+        """The query string of this state with some parameters changed (None or "" drops one)."""
+        params = self.params()
+        for name, value in changes.items():
+            if value:
+                params[name] = value
+            else:
+                params.pop(name, None)
+        return urlencode(params)
+
+    def url(self, **changes: str | None) -> str:
+        return f"{reverse('slot-table')}?{self.query(**changes)}"
+
+    def toggled(self, node_id: int) -> str:
+        """The `expand` value with this node's row expanded or, when it is, folded again."""
+        return ",".join(map(str, sorted(self.expanded ^ {node_id})))
+
+
+def zoom_in_out(zoom: str) -> dict[str, str]:
+    """The zoom a key moves to from this one: "+" the next closer preset, "-" the next wider."""
+    names = list(ZOOMS)
+    i = names.index(zoom)
+    keys = {}
+    if i > 0:
+        keys[names[i - 1]] = "+"
+    if i < len(names) - 1:
+        keys[names[i + 1]] = "-"
+    return keys
+
+
+def links(state: State) -> dict:
+    """The toolbar's links, each keeping the rest of the state: a zoom keeps the window's centre (or keeps following
+    now), a pan moves by half a window, "now" follows now again; all of them start the queue forecast at its first
+    page, whose rows depend on the window."""
+    window = state.window
+    span = window.end - window.start
+    centre = window.start + span / 2
+    keys = zoom_in_out(window.zoom)
+    zooms = []
+    for name, width in ZOOMS.items():
+        start = None if window.following_now else (centre - width / 2).isoformat()
+        zooms.append(
+            {
+                "zoom": name,
+                "url": state.url(zoom=name, **{"from": start}, fpage=None),
+                "key": keys.get(name, ""),
+                "selected": name == window.zoom,
+            }
+        )
+    return {
+        "zooms": zooms,
+        "earlier_url": state.url(**{"from": (window.start - span / 2).isoformat()}, fpage=None),
+        "later_url": state.url(**{"from": (window.start + span / 2).isoformat()}, fpage=None),
+        "now_url": state.url(**{"from": None}, fpage=None),
+        "clear_url": state.url(q=None, cap=None, status=None, lease=None),
+    }
+
+
+NO_MORE = mark_safe("")  # a row with nothing folded: no "+N more"
+
+
 @dataclass
 class Row:
     node: Node
@@ -141,6 +262,8 @@ class Row:
     reason: str
     lanes: int
     marks: SafeString = field(default_factory=lambda: mark_safe(""))
+    more: SafeString = field(default_factory=lambda: mark_safe(""))  # its "+N more" / "show fewer", if any
+    hidden: int = 0  # reservations not drawn (behind "+N more")
 
 
 @dataclass
@@ -249,12 +372,31 @@ def zoom_link(window: Window, node: Node, start: datetime, end: datetime, filter
     return f"{reverse('slot-table')}?{urlencode(params)}"
 
 
+@dataclass
+class Laid:
+    """One row laid out: its height, the lanes drawn, its marks, the reservations not drawn (behind "+N more"), and
+    how many the folded row hides (0: nothing to expand or fold, so no control)."""
+
+    height: int
+    lanes: int
+    marks: str
+    hidden: list[Alloc]
+    folded: int
+
+
 def layout_row(
-    node: Node, allocs: list[Alloc], top: int, window: Window, filters: Filters, link: str
-) -> tuple[int, int, str]:
-    """One node's row from its allocations (in time order): its height, its lane count and its marks. Bars under
-    LOD_MIN_W fold into a utilisation strip on a band of their own below the lanes; the others take lanes so that
-    no two overlap; an unavailable node's reason takes a band above them, so no bar ever covers it."""
+    node: Node,
+    allocs: list[Alloc],
+    top: int,
+    window: Window,
+    filters: Filters,
+    link: str,
+    expanded: bool = False,
+) -> Laid:
+    """One node's row from its allocations (in time order). Bars under LOD_MIN_W fold into a utilisation strip on a
+    band of their own below the lanes; the others take lanes so that no two overlap, the live ones first, the
+    finished ones only where a live lane has room (chart.stack_lanes), at most MAX_LANES of them unless the row is
+    expanded; an unavailable node's reason takes a band above them, so no bar ever covers it."""
     t0, span = window.start.timestamp(), window.span_s
 
     def x(t: datetime) -> float:  # Window.x, inlined: two calls a bar
@@ -263,14 +405,21 @@ def layout_row(
     spans = [(x(a.start), x(a.end)) for a in allocs]
     wide, strips = chart.fold_thin(spans, LOD_MIN_W)
     drawn = [(spans[i][0], spans[i][0] + max(1.0, spans[i][1] - spans[i][0])) for i in wide]
-    lanes, count = chart.assign_lanes(drawn)
+    stack, folded = _stack(allocs, wide, drawn, expanded)
+    count = stack.count
     reason_h = REASON_H if reason_of(node) else 0
     lanes_top = top + reason_h
     strip_top = lanes_top + count * LANE_H
     height = reason_h + max(LANE_H, count * LANE_H + (STRIP_H if strips else 0))
+    if folded:
+        height = max(height, MORE_H)
     marks: list[str] = []
-    for i, lane, (x0, x1) in zip(wide, lanes, drawn, strict=True):
+    hidden: list[Alloc] = []
+    for i, lane, (x0, x1) in zip(wide, stack.lanes, drawn, strict=True):
         a = allocs[i]
+        if lane is None:
+            hidden.append(a)
+            continue
         y = lanes_top + lane * LANE_H + (LANE_H - BAR_H) // 2
         marks.append(
             reservation_bar(a, x0, x1 - x0, y, BAR_H, lane, node.name, link, filters.matches_lease(a))
@@ -290,14 +439,40 @@ def layout_row(
                 target,
             )
         )
-    return height, count, "".join(marks)
+    return Laid(height, count, "".join(marks), hidden, folded)
+
+
+def _stack(
+    allocs: list[Alloc], wide: list[int], drawn: list[tuple[float, float]], expanded: bool
+) -> tuple[chart.Stack, int]:
+    """The row's lanes, and how many reservations its folded form hides (which an expanded row draws)."""
+    if chart.disjoint(drawn):  # most rows: one lane, nothing to fold, no status to read
+        return chart.Stack([0] * len(drawn), 1 if drawn else 0, 0), 0
+    finished = [allocs[i].status in FINISHED for i in wide]
+    stack = chart.stack_lanes(drawn, finished, MAX_LANES)
+    if expanded and stack.hidden:
+        return chart.stack_lanes(drawn, finished, None), stack.hidden
+    return stack, stack.hidden
+
+
+def more_link(state: State, node: Node, index: int, laid: Laid, expanded: bool, y: int) -> str:
+    """A row's "+N more" (folded) or "show fewer" (expanded): a link to the same table with the row's `expand`
+    toggled, which htmx follows in place (the table is morphed, the URL replaced, focus kept on the control)."""
+    url = state.url(expand=state.toggled(node.pk))
+    # Without JavaScript the link loads the page: as many row pages as reach this row, scrolled to it.
+    pages = index // ROWS_PER_PAGE + 1
+    href = f"{url}&pages={pages}#slot-row-{node.pk}" if pages > 1 else f"{url}#slot-row-{node.pk}"
+    return more_control(
+        node.pk, node.name, laid.hidden, laid.folded, laid.lanes, expanded, href, url, y, MAX_LANES
+    )
 
 
 NODE_FIELDS = ("id", "name", "status", "drain_reason", "cpu_cores", "mem_total_mib", "disk_total_gib")
 
 
-def build_pages(ids: list[int], first_page: int, pages: int, window: Window, filters: Filters) -> list[Page]:
+def build_pages(ids: list[int], first_page: int, pages: int, state: State) -> list[Page]:
     """Pages first_page .. first_page + pages - 1 of the rows of `ids`, laid out: three queries for any number."""
+    window, filters = state.window, state.filters
     lo = first_page * ROWS_PER_PAGE
     wanted = ids[lo : lo + pages * ROWS_PER_PAGE]
     if not wanted:
@@ -319,13 +494,29 @@ def build_pages(ids: list[int], first_page: int, pages: int, window: Window, fil
         for k, node_id in enumerate(chunk):
             node = by_id[node_id]
             title, shown, label = row_label(node, committed)
-            height, lanes, marks = layout_row(node, allocs.get(node_id, []), y, window, filters, link)
+            expanded = node_id in state.expanded
+            laid = layout_row(node, allocs.get(node_id, []), y, window, filters, link, expanded)
             index = lo + p * ROWS_PER_PAGE + k
+            # Every database text in `more` went through escape() (leases/slot_marks.py).
+            more = mark_safe(more_link(state, node, index, laid, expanded, y)) if laid.folded else NO_MORE  # noqa: S308
             # Every database text in `marks` went through escape() (leases/slot_marks.py).
             rows.append(
-                Row(node, index, y, height, title, shown, label, reason_of(node), lanes, mark_safe(marks))  # noqa: S308
+                Row(
+                    node,
+                    index,
+                    y,
+                    laid.height,
+                    title,
+                    shown,
+                    label,
+                    reason_of(node),
+                    laid.lanes,
+                    mark_safe(laid.marks),  # noqa: S308
+                    more,
+                    len(laid.hidden),
+                )
             )
-            y += height
+            y += laid.height
         page_index = first_page + p
         # Every database text in both went through escape() (leases/slot_marks.py).
         backdrop = mark_safe(row_backdrop(rows, WIDTH, LABEL_W))  # noqa: S308
@@ -354,14 +545,14 @@ def axis(window: Window) -> list[dict]:
     return out
 
 
-def chart_context(window: Window, filters: Filters, pages: int = 1, first_page: int = 0) -> dict:
+def chart_context(state: State, pages: int = 1, first_page: int = 0) -> dict:
+    window, filters = state.window, state.filters
     ids = matching_nodes(filters, window)
     total_pages = max(1, -(-len(ids) // ROWS_PER_PAGE))
     pages = max(1, min(pages, MAX_PAGES, total_pages - first_page))
-    built = build_pages(ids, first_page, pages, window, filters)
+    built = build_pages(ids, first_page, pages, state)
     next_page = first_page + len(built)
     shown = sum(len(p.rows) for p in built)
-    query = {**window.params(), **filters.params()}
     now_x = round(window.x(window.now), 1) if window.start <= window.now <= window.end else None
     return {
         "pages": built,
@@ -372,7 +563,8 @@ def chart_context(window: Window, filters: Filters, pages: int = 1, first_page: 
         "next_page": next_page if next_page < total_pages else None,
         "next_first": next_page * ROWS_PER_PAGE + 1,
         "next_last": min(len(ids), (next_page + 1) * ROWS_PER_PAGE),
-        "rows_url": f"{reverse('slot-rows')}?{urlencode(query)}",
+        "rows_url": f"{reverse('slot-rows')}?{state.query()}",
+        "hidden_rows": sum(1 for p in built for r in p.rows if r.hidden),
         "width": WIDTH,
         "label_w": LABEL_W,
         "plot_right": WIDTH - PAD_R,

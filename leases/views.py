@@ -6,9 +6,9 @@ write only through leases/actions.py; the role is checked again here (a hidden b
 from __future__ import annotations
 
 from datetime import datetime
-from urllib.parse import urlencode
 
 from django.contrib import messages
+from django.db.models import Count, Q
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -41,23 +41,23 @@ def page_count(params) -> int:
 @role_required("viewer")
 @vary_on_headers("HX-Request")
 def slot_table(request):
-    """The slot table: the toolbar, the legend and the first page of rows; for htmx (the live refresh, or the
-    filter form) only the table, with every row page the browser had loaded."""
-    window = slotchart.window_from(request.GET, timezone.now())
-    filters = slotchart.Filters.from_query(request.GET)
-    span = window.end - window.start
+    """The slot table: the toolbar, the legend and the first page of rows; for htmx (the live refresh, a row's
+    "+N more", the queue forecast's pages) only the table, with every row page the browser had loaded, and the
+    toolbar's links out of band, so that they keep what the table now shows."""
+    now = timezone.now()
+    state = slotchart.State.from_query(request.GET, now)
+    window = state.window
     context = {
-        **slotchart.chart_context(window, filters, page_count(request.GET)),
+        **slotchart.chart_context(state, page_count(request.GET)),
+        **slotchart.links(state),
+        "state": state,
         "zoom": window.zoom,
-        "zooms": list(slotchart.ZOOMS),
         "statuses": NodeStatus.values,
-        "filter_query": urlencode(filters.params()),
-        "live_query": urlencode({**window.params(), **filters.params()}),
-        "earlier": (window.start - span / 2).isoformat(),
-        "later": (window.start + span / 2).isoformat(),
+        "live_query": state.query(),
         "following_now": window.following_now,
-        **estimate_context(window.start, window.end),
-        **ending_context(timezone.now()),
+        "oob": bool(request.htmx),
+        **estimate_context(state),
+        **ending_context(now),
     }
     template = "leases/_slot_table.html" if request.htmx else "leases/slots.html"
     return render(request, template, context)
@@ -67,11 +67,10 @@ def slot_table(request):
 def slot_rows(request):
     """One page of rows (?page=N, from 0) as a fragment: an SVG row group and, when more follow, the placeholder
     that loads the next page once it scrolls into view."""
-    window = slotchart.window_from(request.GET, timezone.now())
-    filters = slotchart.Filters.from_query(request.GET)
+    state = slotchart.State.from_query(request.GET, timezone.now())
     raw = request.GET.get("page", "0")
     page = whole_number(raw) or 0
-    context = slotchart.chart_context(window, filters, 1, first_page=page)
+    context = slotchart.chart_context(state, 1, first_page=page)
     return render(request, "leases/_slot_rows.html", context)
 
 
@@ -288,19 +287,32 @@ def lease_change_end(request, lease_id: int):
 
 # -- the queue forecast on the slot table ---------------------------------------------------------------------------
 
-ESTIMATE_ROWS = 100  # queued leases drawn at most; the rest are counted
+# Queued leases a page of the forecast draws: unpaged, it grew to 39 rows under the table in the demo.
+ESTIMATE_PAGE = 10
 WIDTH, LABEL_W, ROW_H = slotchart.WIDTH, slotchart.LABEL_W, slotchart.LANE_H
 
 
-def estimate_context(start: datetime, end: datetime) -> dict:
+def estimate_context(state: slotchart.State) -> dict:
     """The queue forecast under the node rows, apart from real reservations: one row per queued lease estimated to
-    run in the window, in queue order, its bar hatched and labelled "estimated". Not on a node's row: an estimate
-    holds no node, and the scheduler may start the lease elsewhere."""
+    run in the window, in queue order, ESTIMATE_PAGE to a page (`?fpage=`), its bar hatched and labelled
+    "estimated". Not on a node's row: an estimate holds no node, and the scheduler may start the lease elsewhere.
+    Two queries, as before it was paged: the counts in one, the page's leases in the other."""
+    start, end = state.window.start, state.window.end
     queued = Lease.objects.filter(state__in=("queued", "suspended_queued"))
-    shown = queued.filter(estimated_start__lt=end, estimated_end__gt=start).order_by("submitted_at", "id")
-    leases = list(shown.only("id", "name", "estimated_start", "estimated_end")[: ESTIMATE_ROWS + 1])
-    more = shown.count() - ESTIMATE_ROWS if len(leases) > ESTIMATE_ROWS else 0
-    leases = leases[:ESTIMATE_ROWS]
+    in_window = Q(estimated_start__lt=end, estimated_end__gt=start)
+    counts = queued.aggregate(
+        shown=Count("id", filter=in_window), unestimated=Count("id", filter=Q(estimated_start__isnull=True))
+    )
+    total = counts["shown"] or 0
+    pages = max(1, -(-total // ESTIMATE_PAGE))
+    page = min(state.forecast_page, pages)
+    lo = (page - 1) * ESTIMATE_PAGE
+    shown = queued.filter(in_window).order_by("submitted_at", "id")
+    leases = (
+        list(shown.only("id", "name", "estimated_start", "estimated_end")[lo : lo + ESTIMATE_PAGE])
+        if total
+        else []
+    )
     span = (end - start).total_seconds()
     plot_w = WIDTH - LABEL_W
 
@@ -323,8 +335,16 @@ def estimate_context(start: datetime, end: datetime) -> dict:
         )
     return {
         "estimates": rows,
-        "estimates_more": more,
+        "estimates_total": total,
+        "estimates_first": lo + 1,
+        "estimates_last": lo + len(rows),
+        "forecast_page": page,
+        "forecast_pages": pages,
+        "forecast_prev": state.url(fpage=str(page - 1) if page > 2 else None) if page > 1 else "",
+        "forecast_next": state.url(fpage=str(page + 1)) if page < pages else "",
+        # The fold is the operator's (console.js keeps it in the URL as they toggle it): a render only starts it.
+        "forecast_open": state.forecast_open,
         "estimates_height": max(1, len(rows)) * ROW_H,
         "row_h": ROW_H,  # each row's stripe and bar (the template drew them with an empty height without it)
-        "unestimated": queued.filter(estimated_start__isnull=True).count(),
+        "unestimated": counts["unestimated"] or 0,
     }

@@ -6,6 +6,9 @@ class SlotkeeperConfig(AppConfig):
     verbose_name = "Slotkeeper"
 
     def ready(self):
+        from slotkeeper import preferences
+
+        preferences.connect()  # the session takes the account's console preferences at sign-in
         from slotkeeper import collector, metrics, schema  # noqa: F401 (schema registers the OpenAPI extension)
 
         # This process's own running figures, written to its metrics files at each scrape of it and every few

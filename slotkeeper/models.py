@@ -89,3 +89,28 @@ class EventFeed(models.Model):
 
     def __str__(self) -> str:
         return f"event feed, pruned through {self.pruned_through}"
+
+
+class ConsolePreferences(models.Model):
+    """What one person chose for the console, kept with their account so that it follows them to every browser and
+    every sign-in: today whether the single-key shortcuts are on. Pages read the copy their session took at sign-in
+    (slotkeeper/preferences.py), so no page asks a query for it."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        primary_key=True,
+        related_name="console_preferences",
+    )
+    shortcuts = models.BooleanField(
+        default=True,
+        help_text="single-key shortcuts (g then a letter, /, p, t, [ ] n - +, ?): off for a screen reader or "
+        "voice control whose own keys they would take",
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name_plural = "console preferences"
+
+    def __str__(self) -> str:
+        return f"console preferences of {self.user}"

@@ -21,7 +21,7 @@ from leases.instances.api.views import (
     InstanceViewSet,
     RescheduleViewSet,
 )
-from slotkeeper import ops
+from slotkeeper import ops, preferences
 from slotkeeper import views as console_views
 from slotkeeper.decorators import role_required
 from slotkeeper.feed import EventFeedView
@@ -109,6 +109,7 @@ urlpatterns = [
     path("nodes/<int:node_id>/drain-progress/", instance_views.drain_progress, name="node-drain-progress"),
     path("audit/", console_views.audit_feed, name="audit-feed"),
     path("audit.csv", console_views.audit_csv, name="audit-csv"),
+    path("preferences/shortcuts", preferences.shortcuts, name="console-shortcuts"),
     path("login/", auth_views.LoginView.as_view(template_name="login.html"), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     re_path(r"^admin/leases/(?P<rest>(?:reschedule|restartrecord)/.*)$", moved_admin),

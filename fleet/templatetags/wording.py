@@ -1,5 +1,6 @@
 """Template filters of fleet/wording.py, for every page that prints what the placer or the scheduler said:
-`{% load wording %}` then `code|words`, `message|headline`, `message|brief`, `message|detail_lines`, `text|user_units`."""
+`{% load wording %}` then `code|words` (or `code|coded`: the words, with the code as a tooltip), `message|headline`,
+`message|brief`, `message|detail_lines`, `text|user_units`, `action|action_words`, `details|detail_words`."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ register.filter("with_times", wording.with_times)
 register.filter("figures", wording.figures)
 register.filter("tally", wording.tally)
 register.filter("request_words", wording.request_words)
+register.filter("coded", wording.coded)
+register.filter("action_words", wording.action_words)
+register.filter("detail_words", wording.detail_words)
 
 
 @register.filter

@@ -7,6 +7,7 @@ SVG."""
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -32,6 +33,83 @@ def assign_lanes(spans: Sequence[tuple[float, float]]) -> tuple[list[int], int]:
             ends.append(x1)
             lanes.append(len(ends) - 1)
     return lanes, len(ends)
+
+
+@dataclass(frozen=True)
+class Stack:
+    """A row's bars in lanes: the lane of each span, or None for a span not drawn (it waits behind the row's
+    "+N more"); how many lanes are drawn; how many spans are not."""
+
+    lanes: list[int | None]
+    count: int
+    hidden: int
+
+
+def stack_lanes(
+    spans: Sequence[tuple[float, float]], finished: Sequence[bool], max_lanes: int | None
+) -> Stack:
+    """Lanes for one row whose finished reservations (done, cancelled) may not widen it. Spans in order of x0.
+
+    The live spans take lanes first (`assign_lanes`); a finished span then takes the lowest of those lanes where it
+    overlaps nothing, and never a lane of its own: in the demo, reservations superseded by a re-plan (cancelled
+    before they started) and ones that had run were a third of the bars and gave rows of 10 to 18 lanes. At most
+    `max_lanes` lanes are drawn; what does not fit is hidden and counted. `max_lanes=None` is an expanded row: every
+    live lane, and the finished spans with no room in them stack below, so everything is drawn. A row of no span
+    has no lane (its height is the row's least, as before); a row whose spans overlap nowhere, most rows, one."""
+    if disjoint(spans):
+        return Stack([0] * len(spans), 1 if spans else 0, 0)
+    live = [i for i, done in enumerate(finished) if not done]
+    live_lanes, live_count = assign_lanes([spans[i] for i in live])
+    drawn = max(1, live_count if max_lanes is None else min(live_count, max_lanes))
+    out: list[int | None] = [None] * len(spans)
+    # Each lane's spans as sorted starts and their ends, for the finished spans' fit test.
+    starts: list[list[float]] = [[] for _ in range(drawn)]
+    ends: list[list[float]] = [[] for _ in range(drawn)]
+    for i, lane in zip(live, live_lanes, strict=True):
+        if lane < drawn:
+            out[i] = lane
+            starts[lane].append(spans[i][0])
+            ends[lane].append(spans[i][1])
+    for i, done in enumerate(finished):
+        if not done:
+            continue
+        x0, x1 = spans[i]
+        for lane in range(len(starts)):
+            if _free(starts[lane], ends[lane], x0, x1):
+                _insert(starts[lane], ends[lane], x0, x1)
+                out[i] = lane
+                break
+        else:
+            if max_lanes is None:  # expanded: a lane below the live ones
+                starts.append([x0])
+                ends.append([x1])
+                out[i] = len(starts) - 1
+    hidden = sum(1 for lane in out if lane is None)
+    return Stack(out, max((lane for lane in out if lane is not None), default=-1) + 1, hidden)
+
+
+def disjoint(spans: Sequence[tuple[float, float]]) -> bool:
+    """Whether no two spans (in order of x0) overlap: then every one is in lane 0, and nothing else need be asked."""
+    reach = float("-inf")
+    for x0, x1 in spans:
+        if x0 < reach - 1e-6:
+            return False
+        reach = max(reach, x1)
+    return True
+
+
+def _free(starts: list[float], ends: list[float], x0: float, x1: float) -> bool:
+    """Whether [x0, x1) overlaps none of a lane's spans (sorted by start, none overlapping another)."""
+    k = bisect_right(starts, x0)
+    if k and ends[k - 1] > x0 + 1e-6:
+        return False
+    return k == len(starts) or starts[k] >= x1 - 1e-6
+
+
+def _insert(starts: list[float], ends: list[float], x0: float, x1: float) -> None:
+    k = bisect_right(starts, x0)
+    starts.insert(k, x0)
+    ends.insert(k, x1)
 
 
 @dataclass

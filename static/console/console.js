@@ -142,6 +142,7 @@
           oldNode.getAttribute("datetime") === newNode.getAttribute("datetime") && oldNode.dataset.utc) {
         return false;
       }
+      refreshFocusedWords(oldNode, newNode);
       return true;
     };
   }
@@ -405,10 +406,16 @@
     // A live refresh of a paged table (the slot table's rows come in pages as they scroll into view) re-renders as
     // many pages as this browser has loaded, so a morph does not drop the rows the operator scrolled to.
     document.body.addEventListener("htmx:configRequest", function (e) {
-      const elt = e.detail.elt;
-      if (elt && elt.hasAttribute && elt.hasAttribute("data-paged")) {
-        e.detail.parameters.pages = String(Math.max(1, elt.querySelectorAll("[data-page]").length));
+      // The table's own refresh, and the links inside it that re-render it in place (a row's "+N more", the
+      // queue forecast's pages).
+      const paged = e.detail.elt && e.detail.elt.closest && e.detail.elt.closest("[data-paged]");
+      if (paged) {
+        e.detail.parameters.pages = String(Math.max(1, paged.querySelectorAll("[data-page]").length));
       }
+      // The table's own refresh asks for what it shows now: htmx keeps the URL its trigger was set up with, and a
+      // refresh fired in the moment between a row's "+N more" being swapped in and htmx setting the table up again
+      // asked for the old state, and folded the row back.
+      if (paged && paged === e.detail.elt && paged.getAttribute("hx-get")) e.detail.path = paged.getAttribute("hx-get");
     });
     document.body.addEventListener("htmx:afterSwap", function () { lastUpdate = Date.now(); showTimes(utc); boardRendered(); });
     // The board's live updates are patches (above); its filter form leaves out what is empty, so the URL it
@@ -428,16 +435,252 @@
     document.addEventListener("keydown", gridKeys, true);
     const btn = $("live-toggle");
     if (btn) btn.addEventListener("click", togglePause);
-    document.addEventListener("keydown", function (e) {
-      if (e.target.matches("input, textarea, select") || e.ctrlKey || e.metaKey || e.altKey) return;
-      const link = document.querySelector('a[data-key="' + CSS.escape(e.key) + '"]');
-      if (e.key === "/") { const s = document.querySelector("[data-search]"); if (s) { e.preventDefault(); s.focus(); } }
-      else if (e.key === "?") { const d = $("shortcuts"); if (d) d.showModal(); }
-      else if (e.key === "p") { togglePause(); }
-      else if (e.key === "t") { toggleTz(); }
-      else if (link) { link.click(); }
-    });
+    document.addEventListener("keydown", shortcutKey);  // the keyboard: its own block below
     setInterval(tickAge, 1000);
     connect();
+  });
+
+  // -- said to screen readers, kept in the URL -------------------------------------------------------------------
+  //
+  // #announce is the page's polite live region: what a key or an in-place control did, when it changes nothing a
+  // screen reader would otherwise read out. setParam keeps a view's state in its URL as it changes in place.
+
+  let saying = null;
+
+  function announce(text) {
+    const region = $("announce");
+    if (!region || !text) return;
+    // Emptied first, then filled a moment later: the same words twice in a row are read twice.
+    region.textContent = "";
+    clearTimeout(saying);
+    saying = setTimeout(function () { region.textContent = text; }, 60);
+  }
+
+  function setParam(name, value) {
+    const url = new URL(location.href);
+    if (value) url.searchParams.set(name, value); else url.searchParams.delete(name);
+    if (url.href !== location.href) history.replaceState(history.state, "", url.href);
+  }
+
+  // -- the slot table: what is in view, a row's "+N more", the forecast's pages and fold (issue 46, item 3) ------
+
+  // ignoreActiveValue keeps what is typed in a focused field, and so idiomorph leaves the focused element's children
+  // alone, whatever it is: a row's "+N more", focused, still said "+3 more" once it had expanded the row (its label
+  // and aria-expanded had changed). A focused element that holds no typing (a link) gets its new words; it stays the
+  // same element, so it stays focused.
+  function refreshFocusedWords(oldNode, newNode) {
+    if (oldNode !== document.activeElement || oldNode === document.body || oldNode.nodeType !== 1) return;
+    if (oldNode.matches("input, textarea, select, [contenteditable]") || oldNode.querySelector("input, textarea, select")) return;
+    if (oldNode.innerHTML !== newNode.innerHTML) oldNode.replaceChildren(...Array.from(newNode.cloneNode(true).childNodes));
+  }
+
+
+  function countInView() {
+    const box = document.querySelector("#slot-table .slot-scroll");
+    const out = document.querySelector("#slot-summary [data-in-view]");
+    if (!box || !out) return;
+    const rows = box.querySelectorAll("[role=row][data-node]");
+    const total = Number(out.dataset.total || 0);
+    if (!rows.length || !total) return;
+    const axis = box.querySelector("svg.axis");
+    const frame = box.getBoundingClientRect();
+    const top = Math.max(frame.top + (axis ? axis.getBoundingClientRect().height : 0), 0);
+    const bottom = Math.min(frame.bottom, window.innerHeight);
+    // Rows are in order top to bottom: two binary searches, not a rectangle per row on every scroll.
+    const first = search(rows, function (r) { return r.getBoundingClientRect().bottom > top + 1; });
+    const last = search(rows, function (r) { return r.getBoundingClientRect().top >= bottom - 1; }) - 1;
+    const matching = out.dataset.filtered ? " matching the filter" : "";
+    let text;
+    if (first > last || first >= rows.length) text = "No node row in view: scroll the table";
+    else {
+      const a = Number(rows[first].getAttribute("aria-rowindex"));
+      const b = Number(rows[last].getAttribute("aria-rowindex"));
+      text = a === 1 && b === total ? "All " + total + " node" + (total === 1 ? "" : "s") + matching + " in view"
+        : "Nodes " + a + "–" + b + " of " + total + matching + " in view; scroll the table for the rest";
+    }
+    if (out.textContent !== text) out.textContent = text;
+  }
+
+  // The first index whose row passes `test`, for a test false then true along the rows.
+  function search(rows, test) {
+    let lo = 0, hi = rows.length;
+    while (lo < hi) { const mid = (lo + hi) >> 1; if (test(rows[mid])) hi = mid; else lo = mid + 1; }
+    return lo;
+  }
+
+  let inViewFrame = null;
+  function countSoon() {
+    if (inViewFrame) return;
+    inViewFrame = requestAnimationFrame(function () { inViewFrame = null; countInView(); });
+  }
+
+  function afterTableRequest(e) {
+    // The element that asked (detail.elt is the one swapped into: the table).
+    const elt = e.detail.requestConfig && e.detail.requestConfig.elt;
+    if (!elt || !elt.id) return;
+    if (elt.hasAttribute("data-expand")) {
+      // Morphed, the control is the same element (its id), focused still, with its new words.
+      const control = $(elt.id);
+      if (control) announce(control.getAttribute("data-said"));
+    } else if (elt.hasAttribute("data-forecast-page")) {
+      const where = $("forecast-page");
+      if (where) {
+        announce(where.getAttribute("data-said"));
+        // At the first or last page its link is gone: focus stays in the pager, not on <body>.
+        if (!document.activeElement || document.activeElement === document.body) where.focus();
+      }
+    }
+  }
+
+  // Links that carry the slot table's state get the fold the operator just chose, so a zoom or a pan keeps it.
+  function keepForecastFold(open) {
+    setParam("forecast", open ? null : "closed");
+    document.querySelectorAll("#slot-nav a[href]").forEach(function (a) {
+      const url = new URL(a.href);
+      if (open) url.searchParams.delete("forecast"); else url.searchParams.set("forecast", "closed");
+      a.setAttribute("href", url.pathname + url.search);
+    });
+    const state = $("slot-filter-state");
+    if (state) {
+      let input = state.querySelector("input[name=forecast]");
+      if (open && input) input.remove();
+      if (!open && !input) {
+        input = document.createElement("input");
+        input.type = "hidden"; input.name = "forecast"; input.value = "closed";
+        state.prepend(input);
+      }
+    }
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    document.addEventListener("toggle", function (e) {
+      if (e.target && e.target.id === "slot-estimates") keepForecastFold(e.target.open);
+    }, true);
+    document.body.addEventListener("htmx:afterSettle", function (e) { afterTableRequest(e); countSoon(); });
+    document.addEventListener("scroll", countSoon, { capture: true, passive: true });
+    window.addEventListener("resize", countSoon);
+    countInView();
+  });
+
+  // -- the keyboard (issue 46, item 4) ---------------------------------------------------------------------------
+  //
+  // Single keys (the `?` sheet lists them all: templates/_shortcuts.html), `g` then a letter to go to a page
+  // (the first a[data-goto] with that letter: the nav's, or the sheet's for pages the nav does not show), and
+  // a[data-key] links followed by their key (the slot table's pan and zoom). They can be switched off per person
+  // (slotkeeper/preferences.py): body[data-shortcuts] says which. Everything a key does is said in #announce.
+
+  const GO_WAIT_MS = 1500;  // how long `g` waits for its letter
+  let goTimer = null;
+
+  function shortcutsOn() { return document.body.dataset.shortcuts !== "off"; }
+
+  function typing(el) {
+    return !!(el && el.closest && el.closest("input, textarea, select, [contenteditable], [contenteditable=true]"));
+  }
+
+  function endGo() { clearTimeout(goTimer); goTimer = null; }
+
+  function openSheet() {
+    const sheet = $("shortcuts");
+    if (sheet && !sheet.open) sheet.showModal();
+  }
+
+  function shortcutKey(e) {
+    if (e.defaultPrevented || e.ctrlKey || e.metaKey || e.altKey || typing(e.target)) return;
+    if (!shortcutsOn() || document.querySelector("dialog[open]")) { endGo(); return; }
+    const key = e.key;
+    if (goTimer) {
+      endGo();
+      if (key === "Escape" || key === "Shift") return;
+      const target = document.querySelector('a[data-goto="' + CSS.escape(key.toLowerCase()) + '"]');
+      e.preventDefault();
+      if (target) { announce("Going to " + target.textContent.trim()); target.click(); }
+      else announce("No page on g " + key + ": the sheet (?) lists them");
+      return;
+    }
+    if (key === "g") {
+      e.preventDefault();
+      goTimer = setTimeout(function () { goTimer = null; }, GO_WAIT_MS);
+      announce("Go to: press a page's letter");
+      return;
+    }
+    if (key === "?") { e.preventDefault(); openSheet(); return; }
+    if (key === "/") {
+      const field = document.querySelector("[data-search]");
+      if (field) { e.preventDefault(); field.focus(); }
+      return;
+    }
+    if (key === "p") {
+      const pause = $("live-toggle");
+      if (pause && !pause.hidden) pause.click(); else announce("Nothing on this page is live");
+      return;
+    }
+    if (key === "t") { const tz = $("tz-toggle"); if (tz) tz.click(); return; }
+    const name = key === "=" ? "+" : key;
+    const link = document.querySelector('a[data-key="' + CSS.escape(name) + '"]');
+    if (link) { e.preventDefault(); link.click(); return; }
+    if ((name === "+" || name === "-") && $("slot-nav")) {
+      announce(name === "+" ? "Already at the closest zoom" : "Already at the widest zoom");
+    }
+  }
+
+  // The sheet's switch: on at once in this page, kept for the account by a POST (204).
+  function switchShortcuts(on) {
+    document.body.dataset.shortcuts = on ? "on" : "off";
+    endGo();
+    const form = $("shortcuts-form");
+    if (form) form.elements.on.value = on ? "0" : "1";  // what the no-JavaScript button would ask next
+    announce(on ? "Keyboard shortcuts on" : "Keyboard shortcuts off: single keys do nothing until turned on again here");
+    if (!form) return;
+    const body = new URLSearchParams({ on: on ? "1" : "0" });
+    const token = form.elements.csrfmiddlewaretoken ? form.elements.csrfmiddlewaretoken.value : "";
+    fetch(form.action, {
+      method: "POST", body: body, credentials: "same-origin",
+      headers: { "HX-Request": "true", "X-CSRFToken": token, "Content-Type": "application/x-www-form-urlencoded" },
+    }).then(function (r) {
+      if (!r.ok) throw new Error(String(r.status));
+      document.body.dataset.shortcutsSaved = on ? "on" : "off";
+    }).catch(function () { announce("The setting was not saved: it holds in this page only"); });
+  }
+
+  function zoneShown() {
+    const tz = $("tz-toggle");
+    return tz && tz.textContent.trim() === "Local" ? "local" : "utc";
+  }
+
+  // A link's zone wins over the one this browser kept (and is kept from then on, as if `t` had been pressed), so a
+  // link shows a colleague the times as its sender saw them. The URL names the zone when it is local time, or when
+  // it already named one: a URL without `tz` is UTC, the console's default, and stays as short as a link to it.
+  function zoneFromUrl() {
+    const wanted = new URL(location.href).searchParams.get("tz");
+    const tz = $("tz-toggle");
+    if (tz && (wanted === "utc" || wanted === "local") && wanted !== zoneShown()) tz.click();
+    sayZone();
+  }
+
+  function sayZone() {
+    const named = new URL(location.href).searchParams.has("tz");
+    setParam("tz", zoneShown() === "local" || named ? zoneShown() : null);
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    const sheetButton = $("shortcuts-button");
+    if (sheetButton) sheetButton.addEventListener("click", openSheet);
+    const on = $("shortcuts-on");
+    if (on) on.addEventListener("change", function () { switchShortcuts(on.checked); });
+    const pause = $("live-toggle");
+    if (pause) pause.addEventListener("click", function () {
+      announce(pause.getAttribute("aria-pressed") === "true" ? "Live updates paused" : "Live updates resumed");
+    });
+    zoneFromUrl();
+    const tz = $("tz-toggle");
+    if (tz) tz.addEventListener("click", function () {
+      sayZone();
+      announce(zoneShown() === "local" ? "Times in local time" : "Times in UTC");
+    });
+    // A URL htmx pushed or replaced (a filter, a forecast page) names the zone too.
+    ["htmx:pushedIntoHistory", "htmx:replacedInHistory"].forEach(function (name) {
+      document.body.addEventListener(name, sayZone);
+    });
   });
 })();

@@ -270,3 +270,37 @@ def test_axe_finds_no_serious_or_critical_violation_on_any_console_page(request,
         page.close()
     broken = {path: v for path, v in found.items() if v}
     assert not broken, f"axe in the {theme} theme: {broken}"
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_axe_finds_no_serious_or_critical_violation_in_the_keyboard_sheet(request, console, theme):
+    """The `?` sheet (issue 46, item 4), open, with the shortcuts on and off: axe reads the page with the dialog
+    open (the rest of the page inert under it)."""
+    context = request.getfixturevalue(theme)
+    page = context.new_page()
+    found = {}
+    try:
+        for path in ("/", "/slots/"):
+            page.goto(console.url + path)
+            page.wait_for_load_state("networkidle")
+            page.click("#live-toggle")
+            page.keyboard.press("?")
+            assert page.locator("#shortcuts").evaluate("(d) => d.open")
+            page.add_script_tag(path=str(AXE))
+            for switch in ("on", "off"):
+                if switch == "off":
+                    page.locator("#shortcuts-on").uncheck()
+                    page.wait_for_function("document.body.dataset.shortcutsSaved === 'off'")
+                result = page.evaluate(AXE_RUN)
+                assert result["passed"] >= 10, result
+                found[f"{path} ({switch})"] = result["serious"]
+            page.locator("#shortcuts-on").check()
+            page.wait_for_function("document.body.dataset.shortcutsSaved === 'on'")
+    except BaseException:
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / f"axe-sheet-{theme}.png"), full_page=True)
+        raise
+    finally:
+        page.close()
+    broken = {where: v for where, v in found.items() if v}
+    assert not broken, f"axe in the {theme} theme: {broken}"

@@ -304,7 +304,7 @@ def test_a_live_refresh_re_renders_every_page_loaded(vera, many_nodes):
     body = slots(vera, htmx=True, pages="2")
     assert 'id="slot-page-0"' in body and 'id="slot-page-1"' in body and 'id="slot-more-2"' in body
     assert len(nodes_in(body)) == 100
-    assert "100 of 120 nodes shown" in body
+    assert "Nodes 1–100 of 120 loaded" in body
 
 
 # Queries --------------------------------------------------------------------------------------------------------
