@@ -44,6 +44,7 @@ QUICK = {
     "bench_decode": ["--repeat", "20"],
     "bench_prepared": ["--quick"],
     "bench_pass_cost": ["--quick"],
+    "bench_overrides": ["--nodes=200", "--rounds=2", "--seconds=1", "--leases=10", "--array=20"],
 }
 
 

@@ -1,6 +1,7 @@
 """ASGI entry point: HTTP through Django, websockets through Channels (authenticated, origin-checked)."""
 
 import os
+import types
 
 import django
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
@@ -8,16 +9,28 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "slotkeeper.settings")
 django.setup(set_prefix=False)  # what get_asgi_application() does before building its handler
 
-from slotkeeper.handler import OneHopASGIHandler  # noqa: E402
+from django.conf import settings  # noqa: E402
+from django.core.handlers.asgi import ASGIHandler  # noqa: E402
+
+from slotkeeper.handler import OneHopASGIHandler, RequestThreads  # noqa: E402
 from slotkeeper.serving import answer_lines_too_long, keep_post_bodies_raw  # noqa: E402
 
 # Daphne hands POST bodies to Django as they came, unparsed by Twisted on the event loop (slotkeeper/serving.py).
-keep_post_bodies_raw()
+if "raw_body" not in settings.OVERRIDES_OFF:
+    keep_post_bodies_raw()
 answer_lines_too_long()
 
 # Daphne serves the console's few static files itself (with DEBUG off too), so a deployment needs no separate
-# file server; a CDN or nginx in front may still cache /static/.
-django_asgi_app = ASGIStaticFilesHandler(OneHopASGIHandler())
+# file server; a CDN or nginx in front may still cache /static/. SLOTKEEPER_OVERRIDES_OFF=handler: Django's own
+# handler, to measure ours against it (docs/overrides.md); handler_threads: a new thread for every request, as
+# Django's; handler_one_hop: Django's three hand-offs a request (its `handle`) around our one-hop stack.
+handler = ASGIHandler() if "handler" in settings.OVERRIDES_OFF else OneHopASGIHandler()
+if isinstance(handler, OneHopASGIHandler):
+    if "handler_threads" in settings.OVERRIDES_OFF:
+        handler.threads = RequestThreads(keep=0)
+    if "handler_one_hop" in settings.OVERRIDES_OFF:
+        handler.handle = types.MethodType(ASGIHandler.handle, handler)  # type: ignore[method-assign]
+django_asgi_app = ASGIStaticFilesHandler(handler)
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402

@@ -53,6 +53,9 @@ def update_many(
         return 0
     meta = (model or type(rows[0]))._meta
     concrete = [meta.get_field(name) for name in fields]
+    if _off():
+        meta.model.objects.bulk_update([_instance(meta.model, obj, concrete) for obj in rows], fields)
+        return len(rows)
     quote = connection.ops.quote_name
     if connection.vendor == "postgresql":
         names = ["pk"] + [f"c{i}" for i in range(len(concrete))]
@@ -100,6 +103,7 @@ def insert_many(
     if (
         connection.vendor not in ("postgresql", "sqlite")
         or not connection.features.can_return_rows_from_bulk_insert
+        or _off()
     ):
         made = model.objects.bulk_create(
             [model(**vars(o)) if isinstance(o, Row) else o for o in objs]  # type: ignore[arg-type]
@@ -150,7 +154,7 @@ def insert_one(obj: models.Model) -> models.Model:
     model, alias = type(obj), connection.alias
     meta = model._meta
     fields = [f for f in meta.local_concrete_fields if not f.primary_key]
-    if not connection.features.can_return_columns_from_insert:
+    if not connection.features.can_return_columns_from_insert or _off():
         obj.save(force_insert=True)
         return obj
     sql = _insert_one_sql.get((alias, model))
@@ -181,6 +185,9 @@ def pipelined() -> Iterator[None]:
     Only this module's writes belong inside. A statement through Django's cursor is refused, on every database
     so that what passes on SQLite passes on PostgreSQL: in pipeline mode a cursor's row count reads -1 until
     the answers arrive, and Django acts on it at once (a `save()` that updated no row inserts one, or raises)."""
+    if _off():  # Django's bulk_create and bulk_update run inside, through Django's cursor
+        yield
+        return
     with connection.execute_wrapper(_refuse_inside_pipeline):
         if connection.vendor != "postgresql":
             yield
@@ -188,6 +195,21 @@ def pipelined() -> Iterator[None]:
         connection.ensure_connection()
         with connection.connection.pipeline():
             yield
+
+
+def _off() -> bool:
+    """SLOTKEEPER_OVERRIDES_OFF=bulk: Django's own bulk_create, bulk_update and save(), on model instances built
+    from the Rows, and no pipeline; only to measure what this module saves (docs/overrides.md)."""
+    return "bulk" in settings.OVERRIDES_OFF
+
+
+def _instance(model: type[models.Model], obj: models.Model | Row, fields: Sequence) -> models.Model:
+    if isinstance(obj, models.Model):
+        return obj
+    instance = model(pk=obj.pk)
+    for f in fields:
+        setattr(instance, f.attname, getattr(obj, f.attname))
+    return instance
 
 
 # Set while this module writes through Django's cursor (SQLite), which `pipelined()` lets through.

@@ -41,6 +41,35 @@ def env_seconds(name: str, default: float, *, at_least: float) -> float:
 
 DEBUG = env_bool("DEBUG", False)
 
+# Replacements of framework behaviour (docs/overrides.md), each turned off by name to compare it with the framework's
+# own path in one run: SLOTKEEPER_OVERRIDES_OFF=handler,renderer. Read once at start-up; an unknown name is refused
+# (a typo would otherwise measure the override against itself). For measuring, not for production.
+OVERRIDES = frozenset(
+    {
+        "handler",
+        "handler_threads",
+        "handler_one_hop",
+        "raw_body",
+        "heartbeat_route",
+        "collector",
+        "statements",
+        "prepared",
+        "bulk",
+        "renderer",
+        "release_rendered",
+    }
+)
+OVERRIDES_OFF = frozenset(
+    name.strip() for name in os.environ.get("SLOTKEEPER_OVERRIDES_OFF", "").split(",") if name.strip()
+)
+if OVERRIDES_OFF - OVERRIDES:
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(
+        f"SLOTKEEPER_OVERRIDES_OFF names no override {sorted(OVERRIDES_OFF - OVERRIDES)}; known: {sorted(OVERRIDES)}"
+    )
+
+
 # A missing SECRET_KEY is fine for a laptop demo but never for production: the key is generated per process and
 # kept in a file beside the database, so sessions survive a restart of `make run` without a committed secret.
 SECRET_KEY = os.environ.get("SECRET_KEY", "")
@@ -99,7 +128,7 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "slotkeeper.ops.BusyMiddleware",
-    "slotkeeper.middleware.ReleaseRenderedMiddleware",
+    *([] if "release_rendered" in OVERRIDES_OFF else ["slotkeeper.middleware.ReleaseRenderedMiddleware"]),
 ]
 
 ROOT_URLCONF = "slotkeeper.urls"
@@ -158,7 +187,9 @@ DB_POOL = IS_POSTGRES and env_bool("DB_POOL", True)
 # them once instead of on every request (planning the token's lookup cost more than running it). Everything else
 # keeps Django's client-side binding. A pooler in transaction mode that cannot carry prepared statements
 # (PgBouncer before 1.21) needs DB_PREPARED_STATEMENTS=0.
-DB_PREPARED_STATEMENTS = IS_POSTGRES and env_bool("DB_PREPARED_STATEMENTS", True)
+DB_PREPARED_STATEMENTS = (
+    IS_POSTGRES and env_bool("DB_PREPARED_STATEMENTS", True) and "prepared" not in OVERRIDES_OFF
+)
 if DB_PREPARED_STATEMENTS:
     # Prepared only where asked (execute(prepare=True) on a server-binding cursor), never by count: Django's own
     # cursors bind on the client and are never prepared.
@@ -301,7 +332,8 @@ SLOTKEEPER = {
     # The steady heartbeat answered in front of Django and written in batches (slotkeeper/heartbeat_route.py):
     # off (0) sends every heartbeat through the view and writes it in its request, as before. The flush interval
     # is also what a crash may lose (docs/heartbeats.md).
-    "HEARTBEAT_BUFFER": os.environ.get("SLOTKEEPER_HEARTBEAT_BUFFER", "1") == "1",
+    "HEARTBEAT_BUFFER": os.environ.get("SLOTKEEPER_HEARTBEAT_BUFFER", "1") == "1"
+    and "heartbeat_route" not in OVERRIDES_OFF,
     "HEARTBEAT_FLUSH_S": float(os.environ.get("SLOTKEEPER_HEARTBEAT_FLUSH_S", "0.15")),
     # A sweep that finds its previous run older than this was away (the server or beat was down): every node gets
     # a fresh grace from then, instead of being found dead for the sweep's own absence.
@@ -314,7 +346,9 @@ SLOTKEEPER = {
     "PLAN_LOCK_TIMEOUT_S": float(os.environ.get("SLOTKEEPER_PLAN_LOCK_TIMEOUT_S", "10")),
     # A young-generation collection every this many allocations once a server process has started, and what
     # start-up built frozen out of the collector's view (slotkeeper/collector.py); 0 keeps CPython's defaults.
-    "GC_THRESHOLD": int(os.environ.get("SLOTKEEPER_GC_THRESHOLD", "10000")),
+    "GC_THRESHOLD": 0
+    if "collector" in OVERRIDES_OFF
+    else int(os.environ.get("SLOTKEEPER_GC_THRESHOLD", "10000")),
 }
 
 REST_FRAMEWORK = {
@@ -327,7 +361,11 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "slotkeeper.pagination.BoundedLimitOffsetPagination",
     "PAGE_SIZE": 100,
     "EXCEPTION_HANDLER": "slotkeeper.api.exception_handler",
-    "DEFAULT_RENDERER_CLASSES": ["slotkeeper.renderers.FastJSONRenderer"],
+    "DEFAULT_RENDERER_CLASSES": [
+        "rest_framework.renderers.JSONRenderer"
+        if "renderer" in OVERRIDES_OFF
+        else "slotkeeper.renderers.FastJSONRenderer"
+    ],
     # JSON only, bounded in size and depth (slotkeeper/parsers.py). Form bodies never worked with the strict fields
     # (every number arrived as a string), yet the schema offered them to every client.
     "DEFAULT_PARSER_CLASSES": ["slotkeeper.parsers.BoundedJSONParser"],

@@ -22,12 +22,23 @@ _compiled: dict[tuple[str, str], Statement] = {}
 
 def compiled(alias: str, name: str, build: Callable[[], QuerySet]) -> Statement:
     """`build()`'s SQL and parameters for database `alias`, compiled the first time `name` is asked for."""
-    got = _compiled.get((alias, name))
+    got = None if _off() else _compiled.get((alias, name))
     if got is None:
         query = build()
         sql, params = query.query.get_compiler(using=alias).as_sql()
-        got = _compiled[(alias, name)] = (sql, tuple(_plain(p) for p in params))
+        got = (sql, tuple(_plain(p) for p in params))
+        if not _off():
+            _compiled[(alias, name)] = got
     return got
+
+
+def _off() -> bool:
+    """SLOTKEEPER_OVERRIDES_OFF=statements: every call compiles its queryset anew, as Django would (whether the
+    statement is then prepared is `prepared`'s switch); only to measure what compiling once saves
+    (docs/overrides.md)."""
+    from django.conf import settings
+
+    return "statements" in settings.OVERRIDES_OFF
 
 
 @dataclass(frozen=True)
@@ -79,7 +90,7 @@ def template(alias: str, name: str, build: Callable[..., QuerySet], *markers: An
     of the parameter's own type that no real call passes (an id of -1, a text no digest can be) and must land
     exactly once among the compiled parameters; a call's values then take the markers' places. A queryset whose
     SQL depends on the value itself (None, an empty list for `__in`) cannot be a template."""
-    got = _templates.get((alias, name))
+    got = None if _off() else _templates.get((alias, name))
     if got is None:
         compiler = build(*markers).query.get_compiler(using=alias)
         sql, params = compiler.as_sql()
@@ -107,7 +118,9 @@ def template(alias: str, name: str, build: Callable[..., QuerySet], *markers: An
         ):
             # A model's own columns and nothing else (no select_related, no annotation): its instances.
             attnames = tuple(column.target.attname for column in columns)
-        got = _templates[(alias, name)] = Template(sql, params, tuple(slots), converters, attnames)
+        got = Template(sql, params, tuple(slots), converters, attnames)
+        if not _off():
+            _templates[(alias, name)] = got
     return got
 
 
