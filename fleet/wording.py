@@ -92,6 +92,17 @@ def coded(code: str | None) -> SafeString:
     return format_html('<span title="{}" data-code="{}">{}</span>', code, code, said)
 
 
+def subject_words(subject: str | None) -> str:
+    """What a placement report was about ("lease:12", "reschedule:web-3") as a person reads it: "lease 12",
+    "reschedule of instance web-3"; a subject of another shape is shown as it is."""
+    if not subject:
+        return ""
+    kind, sep, ident = subject.partition(":")
+    if not sep:
+        return subject
+    return f"reschedule of instance {ident}" if kind == "reschedule" else f"{kind} {ident}"
+
+
 def action_words(action: str | None) -> str:
     """An audit action ("node.declare_dead", `slotkeeper.audit.record`) as its noun and verb: "node: declare dead".
     Spaces for underscores only: WORDS says what a code means in a sentence of its own ("drain" is a reschedule's

@@ -22,6 +22,7 @@ register.filter("tally", wording.tally)
 register.filter("request_words", wording.request_words)
 register.filter("coded", wording.coded)
 register.filter("action_words", wording.action_words)
+register.filter("subject_words", wording.subject_words)
 register.filter("detail_words", wording.detail_words)
 
 

@@ -179,3 +179,21 @@ def test_an_audit_action_and_its_details_in_words():
     ) == ("type: best-effort · accepted: yes · message: lease 1 queued · deadline: none · max parallel: 2")
     assert str(wording.coded("running")) == "running"
     assert str(wording.coded("a<b_c")) == '<span title="a&lt;b_c" data-code="a&lt;b_c">a&lt;b c</span>'
+
+
+def test_the_latest_placement_and_its_report_read_as_words(otto, fleet):
+    """The board's "latest placement" line printed the outcome and subject as stored ("fleet_at_capacity
+    (lease:7)")."""
+    from fleet.models import PlacementReport
+
+    report = PlacementReport.objects.create(
+        created_at=timezone.now(), subject="reschedule:web-3", request={"type": "best_effort"},
+        outcome="fleet_at_capacity", message="no room",
+    )  # fmt: skip
+    board = " ".join(read(otto, reverse("fleet-board")).split())
+    assert "latest placement: fleet at capacity (reschedule of instance web-3)" in board
+    assert not CODE.findall(board)
+    page = read(otto, reverse("placement-report", args=[report.pk]))
+    assert "reschedule of instance web-3" in page and "reschedule:web-3" not in page
+    assert wording.subject_words("lease:7") == "lease 7"
+    assert wording.subject_words("preview") == "preview"
