@@ -32,6 +32,7 @@ QUICK = {
     "bench_slots_render": ["--quick"],
     "bench_slot_page": ["--quick"],
     "bench_board": ["--quick"],
+    "bench_slot_patch": ["--quick"],
     "bench_recovery": ["--quick"],
     "bench_console_ws": ["--quick", "--variants", "project"],
     "bench_concurrency": ["--quick"],

@@ -17,6 +17,7 @@ stays focused."""
 from __future__ import annotations
 
 import re
+import zlib
 from datetime import datetime
 from html import escape
 from typing import NamedTuple
@@ -191,10 +192,17 @@ def row_backdrop(rows, width: int, label_w: int) -> str:
     return "".join(out)
 
 
-def row_group(row, width: int, label_w: int, node_link: str) -> str:
+def fingerprint(markup: str) -> str:
+    """A version of some markup: a live slot table sends the versions it shows and is sent only what moved."""
+    return f"{zlib.crc32(markup.encode()):08x}"
+
+
+def row_group(row, width: int, label_w: int, node_link: str) -> tuple[str, str]:
     """One node's row: its label (a link to the node, with its figures as the accessible name), the over-allocatable
-    flag, the status dot, the drain reason's band, and its marks. Built here rather than in a template loop for
-    the same reason as the marks: the loop's per-value rendering was a quarter of a row page's CPU."""
+    flag, the status dot, the drain reason's band, and its marks; and its version, the fingerprint of that markup
+    (`data-v`, which a live patch compares: leases/slot_patch.py). Its y is in the markup, so a row that moved down
+    is a changed row. Built here rather than in a template loop for the same reason as the marks: the loop's
+    per-value rendering was a quarter of a row page's CPU."""
     node = row.node
     status = escape(node.status)
     title = escape(row.title)
@@ -212,13 +220,17 @@ def row_group(row, width: int, label_w: int, node_link: str) -> str:
         else ""
     )
     hidden = f' data-hidden="{row.hidden}"' if row.hidden else ""
-    return (
-        f'<g class="row {status}" role="row" aria-rowindex="{row.index + 1}" data-node="{escape(node.name)}" '
-        f'data-lanes="{row.lanes}"{hidden} id="slot-row-{node.pk}">'
+    attributes = (
+        f'class="row {status}" role="row" aria-rowindex="{row.index + 1}" data-node="{escape(node.name)}" '
+        f'data-lanes="{row.lanes}"{hidden} id="slot-row-{node.pk}"'
+    )
+    inside = (
         f'<rect class="hover" x="0" y="{y}" width="{width}" height="{row.height}" aria-hidden="true"></rect>'
         f'<g role="rowheader"><a href="{node_link}{node.pk}/" class="node-link" data-roving '
         f'tabindex="{0 if row.index == 0 else -1}" aria-label="{title}"><text x="14" y="{y + 13}" class="label">'
         f"<title>{title}</title>{escape(row.label)}</text></a>{over}"
         f'<circle class="dot" cx="6" cy="{y + 9}" r="3.5" aria-hidden="true"><title>{status}</title></circle>'
-        f"{reason}</g>{row.more}{row.marks}</g>"
+        f"{reason}</g>{row.more}{row.marks}"
     )
+    version = fingerprint(attributes + inside)
+    return f'<g {attributes} data-v="{version}">{inside}</g>', version

@@ -31,6 +31,7 @@ from leases.models import Allocation
 from leases.reads import committed_now
 from leases.slot_marks import (
     Alloc,
+    fingerprint,
     more_control,
     reservation_bar,
     row_backdrop,
@@ -264,6 +265,8 @@ class Row:
     marks: SafeString = field(default_factory=lambda: mark_safe(""))
     more: SafeString = field(default_factory=lambda: mark_safe(""))  # its "+N more" / "show fewer", if any
     hidden: int = 0  # reservations not drawn (behind "+N more")
+    drawn: SafeString = field(default_factory=lambda: mark_safe(""))  # the whole row group
+    version: str = ""  # the fingerprint of `drawn`
 
 
 @dataclass
@@ -274,6 +277,8 @@ class Page:
     first: int  # 1-based number of its first row, for "nodes 51–100"
     backdrop: SafeString = field(default_factory=lambda: mark_safe(""))
     markup: SafeString = field(default_factory=lambda: mark_safe(""))  # the row groups, in order
+    # The fingerprint of its stripes, which hold every row's y and height: it moves when a row's height does.
+    version: str = ""
 
 
 def matching_nodes(filters: Filters, window: Window) -> list[int]:
@@ -520,8 +525,13 @@ def build_pages(ids: list[int], first_page: int, pages: int, state: State) -> li
         page_index = first_page + p
         # Every database text in both went through escape() (leases/slot_marks.py).
         backdrop = mark_safe(row_backdrop(rows, WIDTH, LABEL_W))  # noqa: S308
-        markup = mark_safe("".join(row_group(r, WIDTH, LABEL_W, node_link) for r in rows))  # noqa: S308
-        out.append(Page(page_index, rows, y, page_index * ROWS_PER_PAGE + 1, backdrop, markup))
+        for r in rows:
+            drawn, r.version = row_group(r, WIDTH, LABEL_W, node_link)
+            r.drawn = mark_safe(drawn)  # noqa: S308
+        markup = mark_safe("".join(r.drawn for r in rows))  # noqa: S308
+        page = Page(page_index, rows, y, page_index * ROWS_PER_PAGE + 1, backdrop, markup)
+        page.version = fingerprint(f"{y}:{backdrop}")
+        out.append(page)
     return out
 
 

@@ -9,7 +9,9 @@ from datetime import datetime
 
 from django.contrib import messages
 from django.db.models import Count, Q
+from django.http import HttpResponse, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
+from django.template.loader import render_to_string
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_POST
@@ -17,7 +19,7 @@ from django.views.decorators.vary import vary_on_headers
 
 from fleet.models import Node, NodeStatus, PlacementReport
 from fleet.views import sort_verdicts
-from leases import actions, forms, slotchart
+from leases import actions, forms, slot_patch, slotchart
 from leases.lifecycle import TERMINAL_LEASE_STATES
 from leases.models import Group, Lease, LeaseType, Reservation
 from leases.negotiation_views import ending_context, negotiation_context
@@ -59,8 +61,53 @@ def slot_table(request):
         **estimate_context(state),
         **ending_context(now),
     }
+    context.update({f"{name}_section": markup for name, markup in slot_sections(context).items()})
     template = "leases/_slot_table.html" if request.htmx else "leases/slots.html"
     return render(request, template, context)
+
+
+SECTIONS = {
+    "summary": "leases/_slot_summary.html",
+    "ending": "leases/_slot_ending.html",
+    "forecast": "leases/_slot_estimates.html",
+}
+
+
+def slot_sections(context: dict) -> dict[str, str]:
+    """The slot table's parts besides its rows (the footer, "ending soon", the queue forecast), each with its version,
+    which a live patch compares (leases/slot_patch.py)."""
+    return {name: slot_patch.versioned(render_to_string(t, context)) for name, t in SECTIONS.items()}
+
+
+# A POST that changes nothing: the versions of up to 2,000 loaded rows (about 28 KB) do not fit the 16 KiB request
+# line Daphne reads. The CSRF token comes with it like any console POST (base.html's hx-headers).
+@role_required("viewer")
+@require_POST
+def slot_table_patch(request):
+    """What a live slot table must change to show the table now (leases/slot_patch.py): the table's state is in the
+    query, as the table's own URL has it; what it shows (window, rows, versions) in the body. 200 with the patch,
+    409 when the table must be fetched whole instead, 400 when the body cannot be read."""
+    now = timezone.now()
+    try:
+        shown = slot_patch.read_shown(request.POST)
+        state = slot_patch.drawn_for(slotchart.State.from_query(request.GET, now), shown.start)
+        context = {
+            **slotchart.chart_context(state, len(shown.pages)),
+            "state": state,
+            **estimate_context(state),
+            **ending_context(now),
+        }
+        patch = slot_patch.patch(context, shown, slot_sections(context))
+    except slot_patch.BadPatchRequest as exc:
+        return HttpResponseBadRequest(str(exc), content_type="text/plain; charset=utf-8")
+    except slot_patch.Unpatchable as exc:
+        return HttpResponse(
+            f"No patch: {exc}. Fetch the table.", status=409, content_type="text/plain; charset=utf-8"
+        )
+    response = render(request, "leases/_slot_patch.html", {**context, "patch": patch})
+    response["X-Slot-Patch"] = "1"
+    response["Cache-Control"] = "no-store"
+    return response
 
 
 @role_required("viewer")

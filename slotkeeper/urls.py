@@ -89,6 +89,7 @@ urlpatterns = [
     path("placement/<int:report_id>/", fleet_views.report_detail, name="placement-report"),
     path("slots/", lease_views.slot_table, name="slot-table"),
     path("slots/rows/", lease_views.slot_rows, name="slot-rows"),
+    path("slots/patch/", lease_views.slot_table_patch, name="slot-patch"),
     path("leases/", lease_views.lease_list, name="lease-list"),
     path("leases/new", lease_views.lease_new, name="lease-new"),
     path("leases/<int:lease_id>/", lease_views.lease_detail, name="lease-detail"),

@@ -360,6 +360,108 @@
     if (table && table.dataset.now) boardSkew = Number(table.dataset.now) - Date.now() / 1000 || 0;
   }
 
+  // -- the slot table: a live update is a patch of the rows that changed (issue 46, item 2) ---------------------------
+  //
+  // Like the board, the slot table does not re-fetch its loaded row pages when something changes. It posts what it
+  // shows: the window it was drawn for (a window following now moves between requests, and bars drawn for another
+  // would not line up), its node count, whether it draws the now line, and the versions of its row pages, rows and
+  // sections (leases/slot_patch.py). It is sent the rows whose version moved, each morphed into the row of the same
+  // id (every other row stays the very same element, so focus, selection and scroll stay put), the frame of a page
+  // whose rows' heights moved, the now line's x, and the sections whose version moved. One patch at a time, a burst
+  // folded into one more; when no patch can be had (409: nodes came or went, the window moved; a 400; a session gone)
+  // the table is fetched whole the old way ("slots-refresh").
+  let slotsBusy = false;
+  let slotsAgain = false;
+
+  function slotTable() { return document.querySelector("#slot-table[data-patch]"); }
+
+  function slotsShown(table) {
+    const version = function (id) { const el = $(id); return el ? el.dataset.v || "" : ""; };
+    return new URLSearchParams({
+      at: table.dataset.window,
+      nodes: table.dataset.nodes,
+      now_line: table.querySelector("svg[data-page] > line.now") ? "1" : "0",
+      pages: Array.from(table.querySelectorAll("svg[data-page]"), function (svg) { return svg.dataset.v || ""; }).join(","),
+      rows: Array.from(table.querySelectorAll("svg[data-page] > [role=row][data-v]"), function (row) {
+        return row.id.replace("slot-row-", "") + "." + row.dataset.v;
+      }).join(","),
+      summary: version("slot-summary"),
+      ending: version("slot-ending"),
+      forecast: version("slot-estimates"),
+    });
+  }
+
+  function csrfToken() {
+    try { return JSON.parse(document.body.getAttribute("hx-headers") || "{}")["X-CSRFToken"] || ""; } catch (e) { return ""; }
+  }
+
+  function patchSlots() {
+    const table = slotTable();
+    if (!table) return;
+    if (slotsBusy) { slotsAgain = true; return; }
+    slotsBusy = true;
+    // What the patch was asked for: a table re-rendered meanwhile (a row's "+N more", a forecast page) is newer.
+    const asked = table.dataset.patch + " " + table.dataset.window;
+    fetch(table.dataset.patch, {
+      method: "POST", body: slotsShown(table), credentials: "same-origin", redirect: "manual",
+      headers: { "HX-Request": "true", "X-CSRFToken": csrfToken() },
+    })
+      .then(function (r) {
+        if (!r.ok || !r.headers.get("X-Slot-Patch")) throw new Error("no patch: " + r.status);
+        return r.text();
+      })
+      .then(function (text) {
+        if (slotTable() === table && table.dataset.patch + " " + table.dataset.window === asked) applySlotPatch(table, text);
+      })
+      .catch(function () { if (table.isConnected) htmx.trigger(table, "slots-refresh"); })
+      .finally(function () {
+        slotsBusy = false;
+        if (slotsAgain) { slotsAgain = false; patchSlots(); }
+      });
+  }
+
+  function applySlotPatch(table, text) {
+    const holder = document.createElement("template");
+    holder.innerHTML = text;
+    const patch = holder.content.querySelector("template[data-slot-patch]");
+    const parts = patch && patch.content.querySelector("svg[data-patched-rows]");
+    if (!parts) throw new Error("not a slot-table patch");
+    const frames = Array.from(parts.querySelectorAll(":scope > svg[data-page]"));
+    const rows = Array.from(parts.querySelectorAll(":scope > [role=row]"));
+    const sections = Array.from(holder.content.querySelectorAll("#slot-summary, #slot-ending, #slot-estimates"));
+    // Every part must have its place on screen before anything is changed: a patch is applied whole or not at all.
+    for (const part of frames.concat(rows, sections)) {
+      const el = $(part.id);
+      if (!el || !table.contains(el)) throw new Error("nowhere to put " + part.id);
+    }
+    rememberGridFocus(table);
+    for (const frame of frames) {
+      const page = $(frame.id);
+      ["viewBox", "width", "height", "data-v"].forEach(function (name) { page.setAttribute(name, frame.getAttribute(name)); });
+      Idiomorph.morph(page.querySelector(":scope > g.backdrop"), frame.querySelector(":scope > g.backdrop"));
+      const line = page.querySelector(":scope > line.now");
+      if (line) line.setAttribute("y2", frame.getAttribute("height"));
+    }
+    for (const row of rows) Idiomorph.morph($(row.id), row);
+    const x = patch.dataset.nowX;
+    if (x) {
+      table.querySelectorAll("svg[data-page] > line.now").forEach(function (line) {
+        line.setAttribute("x1", x); line.setAttribute("x2", x);
+      });
+      const mark = table.querySelector("svg.axis path.now-mark");
+      if (mark) mark.setAttribute("d", mark.getAttribute("d").replace(/^M[\d.]+/, "M" + x));
+    }
+    for (const part of sections) Idiomorph.morph($(part.id), part);
+    fixGridFocus();
+    countInView();  // in this task: the footer, if it was sent, says "loaded" until counted again
+    lastPrint.delete(table.id);  // what is on screen is no longer the last fragment fetched
+    lastUpdate = Date.now();
+    showTimes(utc);
+    bump("slotPatches");
+    bump("slotRowsPatched", rows.length);
+    document.body.dispatchEvent(new CustomEvent("slots-patched", { detail: { rows: rows.length, frames: frames.length } }));
+  }
+
   function togglePause() {
     paused = !paused;
     const btn = $("live-toggle");
@@ -422,6 +524,10 @@
     // pushes is as short as the one a link would have.
     ["node-changed", "slots-changed", "resync"].forEach(function (name) {
       document.body.addEventListener(name, patchBoard);
+    });
+    // So are the slot table's (above).
+    ["slots-changed", "lease-changed", "node-changed", "resync"].forEach(function (name) {
+      document.body.addEventListener(name, patchSlots);
     });
     document.body.addEventListener("htmx:configRequest", function (e) {
       const elt = e.detail.elt;

@@ -69,11 +69,13 @@ def wait_live(page) -> None:
 
 
 def count_swaps(page) -> None:
-    # A live update of the fleet board is a patch of its changed rows, not an htmx swap (console.js): both count.
+    # A live update of the fleet board or the slot table is a patch of its changed rows, not an htmx swap
+    # (console.js): all count.
     page.evaluate(
         """() => { window.swaps = 0;
           document.body.addEventListener("htmx:afterSwap", () => window.swaps++);
-          document.body.addEventListener("board-patched", (e) => { if (e.detail.rows) window.swaps++; }); }"""
+          document.body.addEventListener("board-patched", (e) => { if (e.detail.rows) window.swaps++; });
+          document.body.addEventListener("slots-patched", (e) => { if (e.detail.rows) window.swaps++; }); }"""
     )
 
 

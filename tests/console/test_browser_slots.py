@@ -7,6 +7,9 @@ Skipped only when Debian's chromium is not installed."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+from urllib.parse import urlencode
+
 import pytest
 
 from tests.console import live
@@ -114,15 +117,94 @@ def test_rows_past_the_first_page_load_as_they_scroll_into_view_and_survive_a_li
         page.evaluate("document.getElementById('slot-page-1').__keep = true")
         swaps = page.evaluate("Number(document.body.dataset.liveHellos || 0)")
         assert swaps >= 1
-        # A live refresh re-renders both loaded pages (console.js sends ?pages=2): page 1 is morphed, not dropped.
+        # The table fetched whole (when a live patch cannot be had, or every 30 s while it follows now) re-renders
+        # both loaded pages (console.js sends ?pages=2): page 1 is morphed, not dropped.
         with page.expect_response(lambda r: "/slots/?" in r.url and "pages=2" in r.url):
-            page.evaluate("document.body.dispatchEvent(new CustomEvent('slots-changed'))")
+            page.evaluate(
+                "document.getElementById('slot-table').dispatchEvent(new CustomEvent('slots-refresh'))"
+            )
         page.wait_for_load_state("networkidle")
         assert rows.count() == 3 + EXTRA_NODES
         assert page.evaluate("document.getElementById('slot-page-1').__keep") is True
     except BaseException:
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "slot-paging-failed.png"), full_page=True)
+        raise
+    finally:
+        context.close()
+
+
+def test_a_live_change_patches_the_changed_row_in_place_without_refetching_the_table(browser, console):
+    """Issue 46, item 2: with two row pages loaded, a lease submitted through the API reaches the table as a patch of
+    the row that got its bar. No request for the table or its row pages; every other row, both pages and the table
+    are the very elements they were; the focused link is still focused."""
+    context = sign_in(browser, console, color_scheme="light")
+    page = context.new_page()
+    try:
+        # A fixed window, so that the table does not refresh itself whole every 30 s as one following now does.
+        start = (datetime.now(UTC) - timedelta(hours=1)).replace(microsecond=0)
+        page.goto(console.url + "/slots/?" + urlencode({"zoom": "6h", "from": start.isoformat()}))
+        wait_live(page)
+        page.locator("#slot-more-1").scroll_into_view_if_needed()
+        page.locator("#slot-page-1").wait_for()
+        page.wait_for_load_state("networkidle")
+        page.evaluate(
+            """() => { window.notReloaded = true;
+              for (const row of document.querySelectorAll('#slot-table [role=row][data-node]')) row.__keep = row.id;
+              for (const svg of document.querySelectorAll('#slot-table svg[data-page]')) svg.__keep = svg.id;
+              document.getElementById('slot-table').__keep = true; }"""
+        )
+        page.locator('#slot-table [data-roving][tabindex="0"]').focus()
+        page.evaluate("() => { document.activeElement.__keep = true; }")
+        patches = page.evaluate("Number(document.body.dataset.slotPatches || 0)")
+        requests: list[str] = []
+        page.on(
+            "request",
+            lambda r: requests.append(r.url) if "/ws/" not in r.url and "/static/" not in r.url else None,
+        )
+
+        with page.expect_response(
+            lambda r: "/slots/patch/" in r.url and 'data-rows="1"' in r.text()
+        ) as patched:
+            lease = console.api(
+                "POST",
+                "/api/leases",
+                console.operator_token,
+                {
+                    "name": "patched-in",
+                    "type": "immediate",
+                    "duration_s": 1800,
+                    "nodes": [{"cpu_cores": 1, "mem_mib": 512}],
+                },
+            )
+        bar = page.locator(f'#slot-table [data-lease="{lease["id"]}"]')
+        bar.wait_for()
+        node = bar.evaluate("b => b.closest('[role=row]').dataset.node")
+        body = patched.value.text()
+        assert body.count('role="row"') == 1 and f'data-node="{node}"' in body, "only the changed row is sent"
+
+        assert requests and all("/slots/patch/" in url for url in requests), requests
+        assert page.evaluate("Number(document.body.dataset.slotPatches)") > patches
+        same = page.evaluate(
+            """() => Array.from(document.querySelectorAll('#slot-table [role=row][data-node]'),
+                                row => row.__keep === row.id)"""
+        )
+        assert len(same) == 3 + EXTRA_NODES and all(same), (
+            "every row is the element it was, the changed one morphed"
+        )
+        assert (
+            page.evaluate(
+                "Array.from(document.querySelectorAll('#slot-table svg[data-page]'), s => s.__keep === s.id).join()"
+            )
+            == "true,true"
+        )
+        assert page.evaluate("document.getElementById('slot-table').__keep") is True
+        assert page.evaluate("document.activeElement.__keep") is True, "the focused link is still focused"
+        assert page.locator('#slot-table [data-roving][tabindex="0"]').count() == 1
+        assert page.evaluate("window.notReloaded") is True
+    except BaseException:
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "slot-patch-failed.png"), full_page=True)
         raise
     finally:
         context.close()

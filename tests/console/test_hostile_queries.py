@@ -35,6 +35,35 @@ def test_a_hostile_query_is_never_a_500(ada, fleet, path, query):
     assert response.status_code in (200, 404), (path, query, response.status_code)
 
 
+# The live slot table's patch (a POST: the versions of its rows do not fit a URL): the table's state in the query, what
+# it shows in the body. A 400 with a message, or a 409 that sends the table to fetch itself whole; never a 500.
+HOSTILE_PATCHES = [
+    ({}, {}),
+    ({"pages": "²"}, {}),
+    ({"from": "2026-13-45"}, {}),
+    ({"expand": "²,99999999999999999999"}, {}),
+    ({"lease": "9" * 5000}, {}),
+    ({}, {"at": "²"}),
+    ({}, {"at": "9999-12-31T23:59:59+00:00"}),
+    ({}, {"nodes": "9" * 5000}),
+    ({}, {"pages": "," * 5000}),
+    ({}, {"rows": "99999999999999999999.0"}),
+    ({}, {"rows": f"{'9' * 5000}.0"}),
+    ({}, {"rows": "1." + "f" * 5000}),
+    ({}, {"summary": "\x00"}),
+]
+
+
+@pytest.mark.parametrize(("query", "body"), HOSTILE_PATCHES)
+def test_a_hostile_slot_patch_is_never_a_500(ada, fleet, query, body):
+    from urllib.parse import urlencode
+
+    shown = {"at": "2026-12-09T08:00:00+00:00", "nodes": "3", "now_line": "0", "pages": "0", "rows": ""}
+    query = {"from": "2026-12-09T08:00:00+00:00", **query}
+    response = ada.post(f"/slots/patch/?{urlencode(query)}", {**shown, **body})
+    assert response.status_code in (200, 400, 409), (query, body, response.status_code)
+
+
 @pytest.mark.parametrize("page", ["confirm", "approve"])
 @pytest.mark.parametrize(("ids", "version"), [(["²"], "1"), (["99999999999999999999999"], "1"), (["1"], "²")])
 def test_tampered_reschedule_ids_or_versions_are_never_a_500(ada, fleet, page, ids, version):
