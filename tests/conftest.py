@@ -121,3 +121,17 @@ def healthy(
         "load1": load1,
         "instances": list(instances),
     }
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """A module whose tests share a module-scoped fixture (a live console, a Daphne, a Chromium) runs on one xdist
+    worker. Under `--dist loadgroup` an ungrouped module's tests are dealt out one by one, and every worker that got
+    one started the module's console for itself: a browser module of three tests started three consoles (about 10 s
+    of CPU each on the two-core machine). Before xdist's own hook, which reads the group into the test's id."""
+    for item in items:
+        if item.get_closest_marker("xdist_group"):
+            continue
+        fixtures = getattr(item, "_fixtureinfo", None)
+        if fixtures and any(d.scope == "module" for defs in fixtures.name2fixturedefs.values() for d in defs):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))

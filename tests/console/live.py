@@ -124,19 +124,46 @@ def migrated(manage: list[str]) -> Path:
     return template
 
 
+def seeded(manage: list[str]) -> tuple[Path, dict]:
+    """The migrated database with SETUP's nodes, operator and tokens in it, and what SETUP printed: made once per
+    test run (xdist's run id; the process outside xdist) and copied for each console, where every console ran SETUP
+    in a `manage.py shell` of its own (a Django start, 2-5 s of a module's setup). Per run, not kept across runs
+    like `migrated`: the nodes' registration and the audit rows are as fresh as the run. Both files are made in a
+    directory of their own and the directory renamed into place, so a worker never pairs one's tokens with
+    another's database; a worker that loses the race uses the winner's."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID", f"pid{os.getpid()}")
+    digest = hashlib.sha256((migrated(manage).name + SETUP + PASSWORD).encode()).hexdigest()[:16]
+    home = Path(tempfile.gettempdir()) / f"slotkeeper-seeded-{digest}-{run}"
+    if not home.exists():
+        for old in home.parent.glob("slotkeeper-seeded-*"):  # earlier runs': a day is long past any run
+            if time.time() - old.stat().st_mtime > 86400:
+                shutil.rmtree(old, ignore_errors=True)
+        partial = Path(tempfile.mkdtemp(prefix=f"{home.name}.", dir=home.parent))
+        shutil.copyfile(migrated(manage), partial / "console.sqlite3")
+        setup = subprocess.run(
+            [*manage, "shell", "-c", SETUP % PASSWORD],
+            env=environment(partial / "console.sqlite3"),
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        assert not (partial / "console.sqlite3-wal").exists(), (
+            "the seeded database left a write-ahead log behind"
+        )
+        line = next(line for line in setup.stdout.splitlines() if line.startswith("SETUP"))
+        (partial / "setup.json").write_text(line[5:])
+        try:
+            partial.rename(home)
+        except OSError:  # another worker's is in place: ours goes
+            shutil.rmtree(partial, ignore_errors=True)
+    return home / "console.sqlite3", json.loads((home / "setup.json").read_text())
+
+
 def start(workdir: Path) -> Console:
     env = environment(workdir / "console.sqlite3")
-    manage = [sys.executable, str(ROOT / "manage.py")]
-    shutil.copyfile(migrated(manage), workdir / "console.sqlite3")
-    setup = subprocess.run(
-        [*manage, "shell", "-c", SETUP % PASSWORD],
-        env=env,
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    data = json.loads(next(line for line in setup.stdout.splitlines() if line.startswith("SETUP"))[5:])
+    template, data = seeded([sys.executable, str(ROOT / "manage.py")])
+    shutil.copyfile(template, workdir / "console.sqlite3")
     port = free_port()
     with open(workdir / "daphne.log", "w") as log:
         process = subprocess.Popen(
