@@ -60,11 +60,14 @@ def counter_offers_many(leases: list[Lease], now: datetime) -> dict[int, dict[st
     if not wanted:
         return {}
     out = {}
+    # The groups as a submission reads them (planning/intents.py), in one read for the whole array: room held for a
+    # lost member counts as the member standing there, or an offer could name a node its resubmission is refused.
+    groups = reads.groups_by_lease([x.pk for x in wanted])
     with consulting(now) as plan:
         for lease in wanted:
             # Asked as a new request (the rejected lease is no lease of the scheduler's), as if it arrived now.
             probe = replace(
-                request_of(lease, reads.lease_groups(lease), plan.nodes), id=PROBE_ID, submit=plan.t
+                request_of(lease, groups.get(lease.pk, []), plan.nodes), id=PROBE_ID, submit=plan.t
             )
             if not plan.scheduler.hopeless(probe):
                 out[lease.pk] = offers(plan, probe)

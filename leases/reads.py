@@ -78,16 +78,6 @@ def group_members(group: Group) -> dict[int, list[tuple[int, str]]]:
     return by_node
 
 
-def lease_groups(lease: Lease) -> list[affinity.GroupMembers]:
-    """The lease's groups with their live members, as the rules take them."""
-    return [
-        affinity.GroupMembers(
-            group_rule(g), {n: [iid for _, iid in entries] for n, entries in group_members(g).items()}
-        )
-        for g in lease.groups.all()
-    ]
-
-
 def committed_now(now: datetime, node_ids=None) -> dict[int, tuple[float, int, int]]:
     """What the slot table holds on each node at `now` (cores, MiB, GiB), one query for any number of nodes:
     the `committed` figure of the node API, the board and the node page (docs/capacity.md)."""
@@ -99,7 +89,8 @@ def committed_now(now: datetime, node_ids=None) -> dict[int, tuple[float, int, i
 
 
 def groups_by_lease(lease_ids) -> dict[int, list[affinity.GroupMembers]]:
-    """lease_groups for many leases in three queries, whatever their number (the scheduler's reload)."""
+    """Each lease's groups with their live members and the room held for lost ones, as the rules take them: three
+    queries for any number of leases (the scheduler's reload, a pass's intents, counter-offers)."""
     links = list(
         Lease.groups.through.objects.filter(lease_id__in=lease_ids).values_list("lease_id", "group_id")
     )

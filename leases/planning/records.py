@@ -47,7 +47,7 @@ def scheduler_config() -> SchedulerConfig:
 def request_of(
     lease: Lease, groups: Sequence[affinity.GroupMembers] = (), nodes: Sequence[capacity.NodeState] = ()
 ) -> LeaseRequest:
-    """The scheduler's view of a lease: its size and times, and what its capabilities and groups (reads.lease_groups)
+    """The scheduler's view of a lease: its size and times, and what its capabilities and groups (reads.groups_by_lease)
     say about the nodes `nodes`: the ones it may never use, and how it spreads over the rest."""
     rules = affinity.spread(groups, [n.id for n in nodes]) if groups else affinity.Spread()
     return LeaseRequest(

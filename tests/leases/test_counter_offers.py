@@ -126,3 +126,41 @@ def test_a_lease_arrays_rejected_reservations_get_the_single_requests_offers(ope
     assert "alternatives" not in third and third["code"] == "fleet_at_capacity"
     again = operator.post("/api/leases/", ar("late-again", starts[0], 1800, count=2), format="json")
     assert again.status_code == 201, again.content
+
+
+def test_a_counter_offer_keeps_the_group_away_from_room_held_for_a_lost_member(operator, fleet):
+    """Counter-offers read a group's members as a submission reads them, held room included: they read only the
+    running members, and offered a window on the node where a lost member's room is held, which the resubmission
+    is then refused (the group's rule holds for held room as for placed room)."""
+    from leases.instances.actions import nodes as node_actions
+    from leases.instances.models import Reschedule
+    from leases.models import Instance
+
+    assert (
+        operator.post("/api/groups/", {"name": "web", "policy": "anti_affinity"}, format="json").status_code
+        == 201
+    )
+    member = {"name": "member", "type": "immediate", "duration_s": 36000, "nodes": [vm(cores=1, mem=512)],
+              "groups": ["web"]}  # fmt: skip
+    response = operator.post("/api/leases/", member, format="json")
+    assert response.status_code == 201, response.content
+    lost = Instance.objects.get(lease_id=response.json()["id"])
+    node_actions.do_declare_dead(None, lost.node_id, reason="rack power", now=timezone.now())
+    held_on = Reschedule.objects.get(status="pending").proposed_node
+    assert held_on is not None
+    others = [n for n in fleet if n.pk not in (lost.node_id, held_on.pk)]
+    start = timezone.now().replace(microsecond=0) + timedelta(hours=2)
+    for i, _ in enumerate(others):  # the two other live nodes are taken whole for an hour
+        assert operator.post("/api/leases/", ar(f"wall-{i}", start), format="json").status_code == 201
+
+    response = operator.post(
+        "/api/leases/", ar("web-2", start, 1800, cores=2, mem=4096, groups=["web"]), format="json"
+    )
+    assert response.status_code == 409, response.content
+    offers = response.json()["alternatives"]
+    assert offers, response.json()
+    assert all(held_on.name not in o["nodes"] for o in offers), (held_on.name, offers)
+    assert parse_datetime(offers[0]["start"]) == start + timedelta(hours=1)
+    taken = operator.post("/api/leases/", ar("web-2b", parse_datetime(offers[0]["start"]), 1800, cores=2,
+                                             mem=4096, groups=["web"]), format="json")  # fmt: skip
+    assert taken.status_code == 201, taken.content
