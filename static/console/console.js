@@ -131,8 +131,11 @@
     Idiomorph.defaults.ignoreActiveValue = true;
     // The operator's own state wins over the server's default: which <details> are open, and which element of
     // a keyboard grid holds the tab stop.
+    // And which boxes they ticked in a live list: a refresh asked before a tick comes back without it (the
+    // reschedules' bulk approval lost the first of two ticked boxes that way, on a busy fleet).
     Idiomorph.defaults.callbacks.beforeAttributeUpdated = function (name, el) {
       if (name === "open" && el.tagName === "DETAILS") return false;
+      if (name === "checked" && el.type === "checkbox" && el.closest("[data-live]")) return false;
       if (name === "tabindex" && el.hasAttribute("data-roving")) return false;
       return true;
     };
