@@ -523,6 +523,13 @@
       if (paged && paged === e.detail.elt && paged.getAttribute("hx-get")) e.detail.path = paged.getAttribute("hx-get");
     });
     document.body.addEventListener("htmx:afterSwap", function () { lastUpdate = Date.now(); showTimes(utc); boardRendered(); });
+    // Paused means nothing on the page moves: a live region's own refresh (the slot table's every 30 s while it
+    // follows now, its fetch when a patch cannot be had) waits for Resume, like the events (fire) do. A request
+    // of a control inside a region (a row's "+N more", a filter) is the operator's and goes.
+    document.body.addEventListener("htmx:beforeRequest", function (e) {
+      const elt = e.detail.elt;
+      if (paused && elt && elt.hasAttribute && elt.hasAttribute("data-live")) { e.preventDefault(); missed = true; }
+    });
     // The board's live updates are patches (above); its filter form leaves out what is empty, so the URL it
     // pushes is as short as the one a link would have.
     ["node-changed", "slots-changed", "resync"].forEach(function (name) {
