@@ -14,41 +14,17 @@ from django.db import connection
 from slotkeeper.asgi import django_asgi_app
 from slotkeeper.handler import OneHopASGIHandler, RequestThreads
 from slotkeeper.management.commands.issue_token import issue
+from tests import asgi
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 async def call(path, *, method="GET", headers=(), body=b""):
     """One request through the application Daphne serves; returns (status, headers, body)."""
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": method,
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(b"host", b"testserver"), (b"content-length", str(len(body)).encode()), *headers],
-        "client": ("127.0.0.1", 40000),
-        "server": ("testserver", 80),
-    }
-    chunks = [{"type": "http.request", "body": body, "more_body": False}]
-    sent: list[dict] = []
-
-    async def receive():
-        if chunks:
-            return chunks.pop(0)
-        await asyncio.Event().wait()  # the client stays while the answer is made
-
-    async def send(message):
-        sent.append(message)
-
-    await django_asgi_app(scope, receive, send)
-    start = next(m for m in sent if m["type"] == "http.response.start")
-    content = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    return start["status"], {k.decode().lower(): v.decode() for k, v in start["headers"]}, content
+    status, sent, content = await asgi.request(
+        django_asgi_app, path, method=method, headers=headers, body=body
+    )
+    return status, {k.decode().lower(): v.decode() for k, v in sent}, content
 
 
 @pytest.fixture

@@ -32,6 +32,7 @@ from slotkeeper.asgi import django_asgi_app
 from slotkeeper.handler import OneHopASGIHandler
 from slotkeeper.management.commands.issue_token import issue
 from slotkeeper.renderers import FastJSONRenderer
+from tests import asgi
 from tests.conftest import T0, requires_postgres
 
 
@@ -42,38 +43,10 @@ def source_digest(func) -> str:
 # -- handler: slotkeeper/handler.py (Django's ASGIHandler) ----------------------------------------------------------
 
 
-async def call(app, path, *, method="GET", headers=(), body=b"", host=b"testserver"):
+async def call(app, path, **options):
     """One request through an ASGI application; returns (status, headers without the per-request ones, body)."""
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": method,
-        "scheme": "http",
-        "path": path.split("?")[0],
-        "raw_path": path.split("?")[0].encode(),
-        "query_string": path.partition("?")[2].encode(),
-        "root_path": "",
-        "headers": [(b"host", host), (b"content-length", str(len(body)).encode()), *headers],
-        "client": ("127.0.0.1", 40000),
-        "server": ("testserver", 80),
-    }
-    chunks = [{"type": "http.request", "body": body, "more_body": False}]
-    sent: list[dict] = []
-
-    async def receive():
-        if chunks:
-            return chunks.pop(0)
-        await asyncio.Event().wait()  # the client stays while the answer is made
-
-    async def send(message):
-        sent.append(message)
-
-    await app(scope, receive, send)
-    start = next(m for m in sent if m["type"] == "http.response.start")
-    content = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    varying = {b"x-request-id"}
-    return start["status"], sorted(h for h in start["headers"] if h[0].lower() not in varying), content
+    status, sent, content = await asgi.request(app, path, **options)
+    return status, sorted(h for h in sent if h[0].lower() != b"x-request-id"), content
 
 
 @pytest.mark.django_db(transaction=True)
