@@ -40,7 +40,7 @@ from leases.slot_marks import (
     utilisation_strip,
 )
 from leases.slots import chart
-from slotkeeper.fields import is_id, whole_number
+from slotkeeper.fields import EARLIEST_TIME, LATEST_TIME, is_id, whole_number
 
 ZOOMS = {
     "1h": timedelta(hours=1),
@@ -143,10 +143,14 @@ def window_from(params, now: datetime) -> Window:
         start = parse_datetime(raw)
     except ValueError:
         start = None
+    if start is not None and timezone.is_naive(start):
+        start = start.replace(tzinfo=UTC)
+    # A start the API would refuse is no window either: near the calendar's ends the window's own arithmetic (its
+    # end, a pan, a zoom's centre) ran past year 9999 or before year 1 and the page answered 500.
+    if start is not None and not EARLIEST_TIME <= start <= LATEST_TIME:
+        start = None
     following = start is None
     start = start or (now - span / 6)
-    if timezone.is_naive(start):
-        start = start.replace(tzinfo=UTC)
     return Window(zoom, start, start + span, now, following)
 
 

@@ -220,6 +220,12 @@ def drain_preview(request, node_id: int):
 def drain(request, node_id: int):
     reason = request.POST.get("reason", "").strip()
     undrain = bool(request.POST.get("undrain"))
+    # The API's rule for a reason (300 characters at most), before anything else: a longer one was stored whole
+    # (SQLite keeps what it is given; PostgreSQL refuses it, a 500) and carried into the preview's URL.
+    checked = fleet_forms.check_reason(request.POST)
+    if reason and not checked.ok:
+        messages.error(request, "The reason: " + " ".join(checked.errors.get("reason", [])))
+        return redirect("node-detail", node_id=node_id)
     if not undrain and not request.POST.get("confirm"):
         # A drain posted without passing through its preview (an old form, a script) is shown the preview first:
         # draining a node that still runs leases must never be one stray click.

@@ -4,6 +4,8 @@ probing `make run`'s pages with hostile query strings); now each is ignored or a
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 
 HOSTILE_GETS = [
@@ -26,6 +28,13 @@ HOSTILE_GETS = [
     ("/instances/", {"lease": "9" * 5000}),
     (f"/instances/{'9' * 5000}-1-0/", {}),
     (f"/instances/1-{'9' * 5000}-0/", {}),
+    # Windows at the calendar's ends: the window's end, a pan or a zoom's centre ran past year 9999 or before 1.
+    ("/slots/", {"from": "0001-01-01T00:00:00Z"}),
+    ("/slots/", {"from": "0001-01-02T00:00:00Z"}),
+    ("/slots/", {"from": "9999-12-31T22:00:00Z"}),
+    ("/slots/", {"from": "9999-12-31T23:00:00Z", "zoom": "1h"}),
+    ("/slots/", {"from": "9999-12-28T00:00:00Z", "zoom": "7d"}),
+    ("/slots/rows/", {"from": "9999-12-31T22:00:00Z"}),
 ]
 
 
@@ -41,6 +50,8 @@ HOSTILE_PATCHES = [
     ({}, {}),
     ({"pages": "²"}, {}),
     ({"from": "2026-13-45"}, {}),
+    ({"from": "9999-12-31T22:00:00Z"}, {}),
+    ({"from": "0001-01-01T00:00:00Z"}, {"at": "0001-01-01T00:00:00Z"}),
     ({"expand": "²,99999999999999999999"}, {}),
     ({"lease": "9" * 5000}, {}),
     ({}, {"at": "²"}),
@@ -80,6 +91,18 @@ def test_a_bare_date_still_means_that_whole_day_and_a_false_one_filters_nothing(
 
     assert until_q("2026-11-30") == Q(at__lt=datetime(2026, 12, 1, tzinfo=UTC))
     assert until_q("2026-13-45") == Q()
+
+
+def test_a_window_past_the_years_the_api_takes_is_no_window_the_table_follows_now(ada, fleet):
+    import re
+
+    from django.utils import timezone
+
+    body = ada.get("/slots/", {"from": "9999-12-31T22:00:00Z"}).content.decode()
+    shown = re.search(r'aria-label="Slot table, (\d{4}-\d\d-\d\d \d\d:\d\d) to', body)
+    assert shown, "the chart says its window"
+    start = datetime.fromisoformat(shown[1]).replace(tzinfo=UTC)
+    assert abs(timezone.now() - start) < timedelta(hours=2), "the window around now, not in year 9999"
 
 
 @pytest.mark.parametrize(
@@ -126,3 +149,16 @@ def test_a_lease_form_number_past_the_digits_python_reads_is_a_message_not_a_500
     response = otto.post("/leases/new", {**form, field: "9" * 5000})
     assert response.status_code in (200, 400), response.status_code
     assert not Lease.objects.exists()
+
+
+@pytest.mark.parametrize("undrain", [False, True])
+def test_a_drain_reason_past_the_apis_300_characters_is_refused_with_a_message(otto, fleet, undrain):
+    """The console's drain form stored a 5,000-character reason whole (a 500 on PostgreSQL), where the API says 400."""
+    from fleet.models import Node
+
+    node = fleet[0]
+    form = {"reason": "x" * 5000, "confirm": "1", **({"undrain": "1"} if undrain else {})}
+    response = otto.post(f"/nodes/{node.pk}/drain", form, follow=True)
+    assert response.status_code == 200
+    assert "The reason: Ensure this field has no more than 300 characters." in response.content.decode()
+    assert Node.objects.get(pk=node.pk).status == "online" and not Node.objects.get(pk=node.pk).drain_reason
