@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import logging
 
-from django.core.exceptions import RequestDataTooBig
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.http import Http404, JsonResponse
+from django.http import Http404, HttpResponse, JsonResponse
 from django.views import defaults
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -114,3 +115,26 @@ def not_found(request, exception):
     if request.path.startswith("/api/"):
         return JsonResponse({"detail": "Not found: no such endpoint."}, status=404)
     return defaults.page_not_found(request, exception)
+
+
+def bad_request(request, exception):
+    """Django's 400 for a request it refused before any view (the CSRF check or a view reading the form): a body
+    past DATA_UPLOAD_MAX_MEMORY_SIZE is a 413 and too many fields a 400, each saying so (JSON under /api/, as the
+    API's own answers), where every console page answered an empty "Bad Request (400)"."""
+    if isinstance(exception, RequestDataTooBig):
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        status_code, message = (
+            413,
+            f"The request body is larger than the server reads ({limit:,} bytes at most).",
+        )
+    elif isinstance(exception, TooManyFieldsSent):
+        fields = settings.DATA_UPLOAD_MAX_NUMBER_FIELDS
+        status_code, message = 400, f"The request has too many fields ({fields:,} at most)."
+    elif isinstance(exception, TooManyFilesSent):
+        files = settings.DATA_UPLOAD_MAX_NUMBER_FILES
+        status_code, message = 400, f"The request has too many files ({files:,} at most)."
+    else:
+        return defaults.bad_request(request, exception)
+    if request.path.startswith("/api/"):
+        return JsonResponse({"detail": message}, status=status_code)
+    return HttpResponse(message, status=status_code, content_type="text/plain; charset=utf-8")

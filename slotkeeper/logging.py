@@ -94,10 +94,21 @@ class ExpectedAnswersFilter(logging.Filter):
         super().__init__(name)
         self._last: dict[tuple, float] = {}
 
+    # A body past the server's limit or too many fields is refused before any view, and Django logs it as an error
+    # of its security loggers with a traceback: the client's mistake (anyone, signed in or not, could fill the
+    # error log with them), answered 413 or 400 with a message (slotkeeper.api.bad_request).
+    REFUSED_REQUESTS = frozenset(
+        f"django.security.{name}" for name in ("RequestDataTooBig", "TooManyFieldsSent", "TooManyFilesSent")
+    )
+
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.name != "django.request" or record.levelno != logging.WARNING:
+        if record.name in self.REFUSED_REQUESTS:
+            record.exc_info, record.exc_text = None, None
+            status = 413 if record.name.endswith("TooBig") else 400
+        elif record.name != "django.request" or record.levelno != logging.WARNING:
             return True
-        status = getattr(record, "status_code", None)
+        else:
+            status = getattr(record, "status_code", None)
         if not isinstance(status, int) or not 400 <= status < 500:
             return True
         record.levelno, record.levelname = logging.INFO, "INFO"

@@ -75,6 +75,7 @@ def moved_admin(request, rest: str):
     return HttpResponsePermanentRedirect(f"/admin/instances/{rest}{query}", status=308)
 
 
+handler400 = "slotkeeper.api.bad_request"
 handler404 = "slotkeeper.api.not_found"
 
 urlpatterns = [

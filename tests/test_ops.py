@@ -93,3 +93,42 @@ def test_a_console_request_that_could_not_have_the_plan_lock_is_a_503_with_retry
         response = middleware.process_exception(rf.post("/nodes/1/drain"), exc)
         assert (response.status_code, response["Retry-After"]) == (503, "2")
     assert middleware.process_exception(rf.get("/"), ValueError("a bug")) is None
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "said"),
+    [
+        (
+            "/login/",
+            "x=" + "a" * 3_000_000,
+            413,
+            "The request body is larger than the server reads (2,621,440 bytes",
+        ),
+        ("/slots/patch/", "x=" + "a" * 3_000_000, 413, "larger than the server reads"),
+        ("/login/", "&".join(f"f{i}=1" for i in range(2000)), 400, "too many fields (1,000 at most)"),
+    ],
+    ids=["login-3MB", "patch-3MB", "login-2000-fields"],
+)
+def test_a_form_too_large_or_with_too_many_fields_is_told_so_and_logged_as_the_clients_mistake(
+    caplog, path, body, status, said
+):
+    """Signed out, with CSRF checked (the middleware reads the form for its token): every console page answered an
+    empty "Bad Request (400)" and Django logged an error with a traceback, which anyone could repeat at will."""
+    import logging
+
+    from slotkeeper.logging import ExpectedAnswersFilter
+
+    client = Client(enforce_csrf_checks=True)
+    client.get(
+        "/login/"
+    )  # the CSRF cookie, as a browser has it: the middleware then reads the form for its token
+    with caplog.at_level(logging.INFO):
+        response = client.post(path, body, content_type="application/x-www-form-urlencoded")
+    assert response.status_code == status
+    assert said in response.content.decode()
+    refused = [r for r in caplog.records if r.name.startswith("django.security.")]
+    assert refused, "Django's security logger still says it"
+    noted = ExpectedAnswersFilter()
+    for record in refused:
+        assert noted.filter(record) is True
+        assert record.levelname == "INFO" and record.exc_info is None, "the client's mistake, not an error"
