@@ -14,6 +14,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import F, Q
 
+from fleet.wording import words
 from leases.lifecycle import INSTANCE_BADGES, LEASE_BADGES, InstanceState, LeaseState
 
 LEASE_STATE_CHOICES = [(s.value, s.value.replace("_", " ")) for s in LeaseState]
@@ -353,4 +354,6 @@ class Alert(models.Model):
         ordering = ["-created_at", "-id"]
 
     def __str__(self) -> str:
-        return f"{self.kind}: {self.message[:60]}"
+        # What the audit feed names as an action's target: the kind in words, not its code and a message cut at
+        # 60 characters mid-word ("node_dead: node batch-01 is dead (demo: power supply failed (the demo r").
+        return f"alert {self.pk}: {words(self.kind)}"

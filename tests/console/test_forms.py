@@ -16,6 +16,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from fleet.models import Node, NodeStatus, PlacementReport
+from fleet.wording import words
 from leases.alerts import raise_alert
 from leases.instances.actions import groups
 from leases.instances.actions import nodes as node_actions
@@ -282,6 +283,8 @@ def test_an_operator_resolves_an_alert_from_the_list(otto, alert):
     assert alert.resolved_at is not None
     entry = AuditEntry.objects.get(action="alert.resolve")
     assert (entry.actor_label, entry.reason) == ("otto", "capacity added")
+    # The feed's Target names the alert in words: it printed the kind's code and the message cut mid-word.
+    assert entry.target_label == f"alert {alert.pk}: {words(alert.kind)}" and "_" not in entry.target_label
     assert "lease 9 gpu-job" not in otto.get(reverse("alert-list")).content.decode()  # open alerts only
 
 
