@@ -32,5 +32,19 @@ def vm_shapes(vnodes) -> str:
     return wording.request_words({"vnodes": list(vnodes or ())})
 
 
+@register.filter
+def time_until(moment) -> str:
+    """How long until `moment`, as `timeuntil` says it, but "less than a minute" under one: the slot table's
+    countdown said "in 0 minutes" for a lease ending within the minute."""
+    from django.utils import timezone
+    from django.utils.timesince import timeuntil
+
+    if moment is None:
+        return ""
+    if (moment - timezone.now()).total_seconds() < 60:
+        return "less than a minute"
+    return timeuntil(moment)
+
+
 register.filter("mem", wording.mem)
 register.filter("cores_of", wording.cores_of)

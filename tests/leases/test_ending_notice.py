@@ -114,3 +114,14 @@ def test_the_slot_table_counts_down_to_the_ends_whose_notice_went_out(operator, 
     response = operator.post(f"/api/leases/{soon['id']}/cancel", {"reason": "done early"}, format="json")
     assert response.status_code == 200, response.content
     assert countdown() == "", "a lease that ended counts down no more"
+
+
+def test_an_end_within_the_minute_counts_down_as_less_than_a_minute(operator, fleet):
+    """`timeuntil` said "0 minutes" for an end under a minute away: the countdown read "in 0 minutes"."""
+    from tests.console.conftest import signed_in
+
+    soon = submit(operator, "soon", duration_s=30, notify_before_s=86400)
+    assert actions.notify_ending(timezone.now()) == 1
+    shown = signed_in("vera", "viewer").get("/slots/").content.decode()
+    assert f"next: lease {soon['id']} soon in <span data-countdown>less than a minute</span>" in shown
+    assert "0 minutes" not in shown
