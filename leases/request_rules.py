@@ -17,6 +17,7 @@ and over generated ones.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
@@ -128,6 +129,19 @@ def plain_lease(body: Any, now: datetime, parse_time: Callable[[str], datetime |
 FLAGS = (("preemptible", True), ("migratable", True), ("auto_approve_reschedules", False))
 
 
+# Characters that change how the text around them is shown, not what it says: the bidirectional embeddings,
+# overrides and isolates and the direction marks ("Trojan Source", CVE-2021-42574). A lease named "\u202eevil"
+# was accepted and shown reversed on the console.
+BIDI_CONTROLS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def unprintable(name: str) -> list[str]:
+    """The characters a name a person reads may not hold, as U+XXXX: control characters (a newline, a tab, an
+    escape) and text-direction controls. Letters of any script, marks and emoji (a zero-width joiner too) are fine."""
+    bad = sorted({c for c in name if c in BIDI_CONTROLS or unicodedata.category(c) == "Cc"})
+    return [f"U+{ord(c):04X}" for c in bad]
+
+
 def _name(value: Any) -> str | None:
     # A CharField: at most MAX_NAME characters as sent (slotkeeper/serializers.py), trimmed, not blank, no NUL and
     # no lone surrogate.
@@ -135,6 +149,8 @@ def _name(value: Any) -> str | None:
         return None
     name = value.strip()
     if not name or "\x00" in name:
+        return None
+    if not name.isprintable() and unprintable(name):  # isprintable: a fast pass for every everyday name
         return None
     if not name.isascii():
         try:

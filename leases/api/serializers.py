@@ -34,6 +34,7 @@ from leases.request_rules import (
     MAX_START_AHEAD,
     MAX_VMS,
     plain_lease,
+    unprintable,
 )
 from slotkeeper import statements
 from slotkeeper.fields import (
@@ -116,8 +117,23 @@ class DriverSpecSerializer(StrictSerializer):
         return attrs
 
 
+class NameField(serializers.CharField):
+    """A name a person reads (a lease's): no control character and no text-direction control
+    (`request_rules.unprintable`), which would make it read as something else."""
+
+    default_error_messages = {
+        "unprintable": "Must not contain control characters or text-direction controls (found {found}).",
+    }
+
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        if bad := unprintable(value):
+            self.fail("unprintable", found=", ".join(bad[:5]))
+        return value
+
+
 class LeaseCreateSerializer(StrictSerializer):
-    name = serializers.CharField(max_length=MAX_NAME)
+    name = NameField(max_length=MAX_NAME)
     type = serializers.ChoiceField(choices=LeaseType.choices)
     start = BoundedDateTimeField(required=False, allow_null=True, default=None)
     duration_s = StrictFloatField(min_value=1, max_value=MAX_DURATION_S)

@@ -274,6 +274,11 @@ def test_the_overcommit_query_counts_allocations_that_start_together_once(operat
         ),  # end past year 9999: 500
         ("start", {"type": "advance_reservation", "start": "2999-01-01T00:00:00Z"}),
         ("real_duration_s", {"real_duration_s": 1e308}),
+        # Accepted and shown reversed on the console (a right-to-left override), or a name over two lines.
+        ("name", {"name": "\u202eevil"}),
+        ("name", {"name": "job\u2066x\u2069"}),
+        ("name", {"name": "two\nlines"}),
+        ("name", {"name": "bell\x07"}),
     ],
 )
 def test_hostile_requests_are_400_naming_the_field_and_store_nothing(operator, fleet, field, body):
@@ -430,3 +435,12 @@ def test_without_a_minimal_preference_the_answer_is_whole(operator, fleet, prefe
     body = response.json()
     assert body["reservations"] and body["history"]
     assert len(body["placement_reports"][0]["verdicts"]) == 4
+
+
+def test_a_name_in_any_script_with_emoji_is_taken(operator, fleet):
+    """Only control characters and text-direction controls are refused: a name in Arabic, with a combining mark or
+    an emoji joined by a zero-width joiner, is a name."""
+    for name in ("تقرير-ليلي", "café-render", "family-👨\u200d👩\u200d👧"):
+        response = submit(operator, name=name)
+        assert response.status_code == 201, (name, response.content)
+        assert response.json()["name"] == name
