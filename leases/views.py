@@ -19,7 +19,7 @@ from django.views.decorators.vary import vary_on_headers
 
 from fleet.models import Node, NodeStatus, PlacementReport
 from fleet.views import sort_verdicts
-from leases import actions, forms, slot_patch, slotchart
+from leases import actions, forms, lease_pages, slot_patch, slotchart
 from leases.lifecycle import TERMINAL_LEASE_STATES
 from leases.models import Group, Lease, LeaseType, Reservation
 from leases.negotiation_views import ending_context, negotiation_context
@@ -124,14 +124,17 @@ def slot_rows(request):
 @role_required("viewer")
 @vary_on_headers("HX-Request")
 def lease_list(request):
-    state = request.GET.get("state", "")
-    leases = Lease.objects.all()
-    if state:
-        leases = leases.filter(state=state)
-    states = ["queued", "scheduled", "active", "suspended_queued", "done", "rejected", "cancelled"]
-    context = {"leases": leases[:200], "state": state, "states": states}
-    template = "leases/_lease_table.html" if request.htmx else "leases/list.html"
-    return render(request, template, context)
+    """The lease list: a page of leases, newest first, in the state the URL asks for (leases/lease_pages.py), with
+    "Leases a–b of N" and a pager. For htmx (the live refresh, the pager) only the table, which re-fetches the page
+    it shows. A URL with a value the list cannot read is answered 400, with a message per bad value and the list
+    without them."""
+    checked = lease_pages.read_state(request.GET)
+    context = lease_pages.list_context(checked)
+    if request.htmx and not request.htmx.boosted and not request.htmx.history_restore_request:
+        template = "leases/_lease_table.html"
+    else:
+        template = "leases/list.html"
+    return render(request, template, context, status=400 if checked.problems else 200)
 
 
 def with_node_names(reservations: list[Reservation]) -> list[tuple[Reservation, list[tuple[str, int, str]]]]:

@@ -521,6 +521,12 @@
       // refresh fired in the moment between a row's "+N more" being swapped in and htmx setting the table up again
       // asked for the old state, and folded the row back.
       if (paged && paged === e.detail.elt && paged.getAttribute("hx-get")) e.detail.path = paged.getAttribute("hx-get");
+      // So does any live region's own refresh (the lease list's keeps the page it shows): a refresh fired between
+      // a pager link's swap and htmx setting the region up again re-fetched the page before.
+      const own = e.detail.elt;
+      if (own && own.hasAttribute && own.hasAttribute("data-live") && e.detail.verb === "get" && own.getAttribute("hx-get")) {
+        e.detail.path = own.getAttribute("hx-get");
+      }
     });
     document.body.addEventListener("htmx:afterSwap", function () { lastUpdate = Date.now(); showTimes(utc); boardRendered(); });
     // Paused means nothing on the page moves: a live region's own refresh (the slot table's every 30 s while it

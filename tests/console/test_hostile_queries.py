@@ -44,6 +44,34 @@ def test_a_hostile_query_is_never_a_500(ada, fleet, path, query):
     assert response.status_code in (200, 404), (path, query, response.status_code)
 
 
+# The lease list answers a value it cannot read as the board does: 400, naming it, with the list without it. A page
+# number past any database offset is a page past the end (200, saying so).
+HOSTILE_LEASE_LIST = [
+    ({"page": "abc"}, 400),
+    ({"page": "-1"}, 400),
+    ({"page": "0"}, 400),
+    ({"page": "²"}, 400),
+    ({"page": "1.5"}, 400),
+    ({"page": "9" * 5000}, 400),
+    ({"page": "99999999999999999999"}, 200),
+    ({"state": "zzz"}, 400),
+    ({"state": "<b>queued</b>"}, 400),
+    ({"state": "suspended queued"}, 400),
+    ({"state": "x" * 5000, "page": "²"}, 400),
+]
+
+
+@pytest.mark.parametrize(("query", "status"), HOSTILE_LEASE_LIST)
+@pytest.mark.parametrize("htmx", [False, True])
+def test_a_hostile_lease_list_query_is_a_message_never_a_500(ada, fleet, query, status, htmx):
+    headers = {"HX-Request": "true"} if htmx else {}
+    response = ada.get("/leases/", query, headers=headers)
+    assert response.status_code == status, (query, response.status_code)
+    if status == 400 and not htmx:
+        body = response.content.decode()
+        assert 'id="lease-list-problems"' in body and "<b>queued" not in body
+
+
 # The live slot table's patch (a POST: the versions of its rows do not fit a URL): the table's state in the query, what
 # it shows in the body. A 400 with a message, or a 409 that sends the table to fetch itself whole; never a 500.
 HOSTILE_PATCHES = [

@@ -117,3 +117,17 @@ def test_a_row_page_of_the_slot_table_at_200_nodes_takes_at_most_10_queries(
     body = response.content.decode()
     assert body.count('<g class="row') == 50
     assert 'id="slot-page-3"' in body and "slot-more" not in body, "the last page says no more follow"
+
+
+@pytest.mark.parametrize("htmx", [False, True])
+@pytest.mark.parametrize("query", [{}, {"page": "8"}, {"state": "active", "page": "15"}, {"page": "99"}])
+def test_the_lease_list_at_1500_leases_takes_at_most_10_queries(
+    vera, big_fleet, django_assert_max_num_queries, htmx, query
+):
+    # A page of 100 leases and one COUNT, whichever page (it showed the newest 200 of any number, and no pager).
+    headers = {"HX-Request": "true"} if htmx else {}
+    with django_assert_max_num_queries(10):
+        response = vera.get(reverse("lease-list"), query, headers=headers)
+    body = response.content.decode()
+    assert body.count("<tr data-lease=") == (0 if query.get("page") == "99" else 100)
+    assert "of 1500" in body or "There is no page 99: 1500 leases" in body
