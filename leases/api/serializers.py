@@ -9,6 +9,7 @@ import re
 
 from django.urls import reverse
 from django.utils import timezone
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from fleet import nodestate
@@ -72,6 +73,12 @@ class RestartPolicySerializer(StrictSerializer):
     backoff_max_s = StrictFloatField(min_value=0, max_value=86400, required=False)
 
     def validate(self, attrs):
+        # One bound sent alone moves the other's default (1 s first wait, 30 s cap; leases/instances/rules.py) out
+        # of its way: `backoff_max_s: 0.5` alone was refused for a first wait the client never sent.
+        if "backoff_initial_s" not in attrs and "backoff_max_s" in attrs:
+            attrs["backoff_initial_s"] = min(1.0, attrs["backoff_max_s"])
+        if "backoff_max_s" not in attrs and "backoff_initial_s" in attrs:
+            attrs["backoff_max_s"] = max(30.0, attrs["backoff_initial_s"])
         if attrs.get("backoff_initial_s", 1.0) > attrs.get("backoff_max_s", 30.0):
             raise serializers.ValidationError({"backoff_max_s": "Must be at least backoff_initial_s."})
         return attrs
@@ -117,6 +124,14 @@ class DriverSpecSerializer(StrictSerializer):
         return attrs
 
 
+# NameField's rule as a pattern (ECMA-262, as JSON Schema reads it): no control character and no text-direction
+# control anywhere, and one character at least that is none of those nor whitespace (the server trims, then refuses
+# blank), so that the schema refuses what the server refuses.
+_UNPRINTABLE = "\\u0000-\\u001f\\u007f-\\u009f\\u061c\\u200e\\u200f\\u202a-\\u202e\\u2066-\\u2069"
+NAME_PATTERN = f"^[^{_UNPRINTABLE}]*[^\\s{_UNPRINTABLE}][^{_UNPRINTABLE}]*$"
+
+
+@extend_schema_field({"type": "string", "minLength": 1, "maxLength": MAX_NAME, "pattern": NAME_PATTERN})
 class NameField(serializers.CharField):
     """A name a person reads (a lease's): no control character and no text-direction control
     (`request_rules.unprintable`), which would make it read as something else."""

@@ -19,7 +19,7 @@ from rest_framework.views import APIView
 from leases import actions, negotiating, reads
 from leases.api import serializers as s
 from leases.lifecycle import LeaseState
-from leases.models import Lease, Reservation
+from leases.models import Lease, LeaseType, Reservation
 from leases.request_rules import MAX_DURATION_S
 from slotkeeper.api import minimal_applied, prefers_minimal
 from slotkeeper.auth import IsOperator, IsViewer
@@ -52,6 +52,9 @@ EXTEND_SCHEMA = {
 }
 
 
+LIST_FILTERS = {"state": [str(v) for v in LeaseState], "type": list(LeaseType.values)}
+
+
 class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
     lookup_value_regex = ID_PATH
     queryset = Lease.objects.all()
@@ -66,13 +69,37 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
         return Response(s.plain(s.LeaseDetailSerializer, self.get_object()))
 
     def get_queryset(self):
+        """The leases in the states and of the types the list asks for (each comma-separated). A value that is no
+        state or type is a 400 naming it, as the node list answers its filters: `?state=zzz` was an empty 200."""
         qs = super().get_queryset()
         params = self.request.query_params
-        if state := params.get("state"):
-            qs = qs.filter(state__in=state.split(","))
-        if type_ := params.get("type"):
-            qs = qs.filter(type__in=type_.split(","))
+        problems = {}
+        for name, allowed in LIST_FILTERS.items():
+            if not (raw := params.get(name)):
+                continue
+            wanted = raw.split(",")
+            if unknown := [v for v in wanted if v not in allowed]:
+                shown = ", ".join(f'"{v[:40]}"' for v in unknown[:5])
+                problems[name] = [f"Not a lease {name}: {shown}; one or more of {', '.join(allowed)}."]
+            else:
+                qs = qs.filter(**{f"{name}__in": wanted})
+        if problems:
+            raise ValidationError(problems)
         return qs
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                name,
+                str,
+                description=f"only leases of these {name}s, comma-separated: {', '.join(allowed)}",
+                pattern=f"^({'|'.join(allowed)})(,({'|'.join(allowed)}))*$",
+            )
+            for name, allowed in LIST_FILTERS.items()
+        ]
+    )
+    def list(self, request, *args, **kwargs):
+        return super().list(request, *args, **kwargs)
 
     def get_object(self):
         if not is_id(str(self.kwargs["pk"])):  # not int(): it also reads "٣" and "1_0" as ids

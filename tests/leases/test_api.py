@@ -13,6 +13,7 @@ from fleet.models import Node
 from leases.api import serializers as s
 from leases.instances.actions import nodes as node_actions
 from leases.instances.actions import periodic
+from leases.lifecycle import LeaseState
 from leases.models import Allocation, Lease, Reservation
 from tests.leases.conftest import vm
 
@@ -444,3 +445,32 @@ def test_a_name_in_any_script_with_emoji_is_taken(operator, fleet):
         response = submit(operator, name=name)
         assert response.status_code == 201, (name, response.content)
         assert response.json()["name"] == name
+
+
+def test_the_lease_list_filters_by_state_and_type_and_names_a_value_it_does_not_know(operator, fleet):
+    """`?state=zzz` was an empty 200 (the node list answers its filters' bad values 400)."""
+    submit(operator, name="running")
+    assert [x["name"] for x in operator.get("/api/leases/?state=active,queued").json()["results"]] == [
+        "running"
+    ]
+    assert operator.get("/api/leases/?state=done").json()["results"] == []
+    assert len(operator.get("/api/leases/?type=best_effort").json()["results"]) == 1
+    response = operator.get("/api/leases/?state=active,zzz&type=spot")
+    assert response.status_code == 400
+    body = response.json()
+    assert body["state"] == [
+        'Not a lease state: "zzz"; one or more of ' + ", ".join(str(v) for v in LeaseState) + "."
+    ]
+    assert body["type"][0].startswith('Not a lease type: "spot"; one or more of best_effort,')
+
+
+def test_one_backoff_bound_sent_alone_moves_the_others_default_out_of_its_way(operator, fleet):
+    """`backoff_max_s: 0.5` alone was a 400 ("Must be at least backoff_initial_s", the 1 s default nobody sent)."""
+    response = submit(operator, restart_policy={"backoff_max_s": 0.5})
+    assert response.status_code == 201, response.content
+    assert Lease.objects.get().restart_policy == {"backoff_max_s": 0.5, "backoff_initial_s": 0.5}
+    response = submit(operator, name="slow-start", restart_policy={"backoff_initial_s": 60})
+    assert response.status_code == 201, response.content
+    assert Lease.objects.get(name="slow-start").restart_policy == {"backoff_initial_s": 60, "backoff_max_s": 60}
+    both = submit(operator, name="both", restart_policy={"backoff_initial_s": 60, "backoff_max_s": 30})
+    assert both.status_code == 400 and "backoff_max_s" in both.json()["restart_policy"]
