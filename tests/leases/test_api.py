@@ -471,6 +471,9 @@ def test_one_backoff_bound_sent_alone_moves_the_others_default_out_of_its_way(op
     assert Lease.objects.get().restart_policy == {"backoff_max_s": 0.5, "backoff_initial_s": 0.5}
     response = submit(operator, name="slow-start", restart_policy={"backoff_initial_s": 60})
     assert response.status_code == 201, response.content
-    assert Lease.objects.get(name="slow-start").restart_policy == {"backoff_initial_s": 60, "backoff_max_s": 60}
+    assert Lease.objects.get(name="slow-start").restart_policy == {
+        "backoff_initial_s": 60,
+        "backoff_max_s": 60,
+    }
     both = submit(operator, name="both", restart_policy={"backoff_initial_s": 60, "backoff_max_s": 30})
     assert both.status_code == 400 and "backoff_max_s" in both.json()["restart_policy"]
