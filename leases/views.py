@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.contrib import messages
-from django.db.models import Count, Q
+from django.db.models import Count, Min, Q
 from django.http import HttpResponse, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
@@ -151,8 +151,18 @@ def lease_context(request, lease: Lease) -> dict:
     reports = list(
         PlacementReport.objects.filter(subject=f"lease:{lease.pk}").order_by("-created_at", "-id")[:REPORTS]
     )
+    # Run time counts the runs that ended (the scheduler adds a run when it ends); the one in force counts here too,
+    # or a lease running for twelve minutes read "Run time 0 s".
+    running_since = (
+        lease.reservations.filter(kind="vm", status="active").aggregate(since=Min("start"))["since"]
+        if lease.state == "active"
+        else None
+    )
     return {
         "lease": lease,
+        "running_since": running_since,
+        "run_time_s": lease.run_time_s
+        + (max(0.0, (timezone.now() - running_since).total_seconds()) if running_since else 0.0),
         "events": list(lease.events.all()),
         # Superseded (cancelled before they started) reservations are not listed: the history step says it.
         "reservations": with_node_names(

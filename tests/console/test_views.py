@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 
 import pytest
 from django.urls import reverse
@@ -359,3 +360,18 @@ def test_a_heartbeat_keeps_the_board_current(vera, fleet):
     body = vera.get(reverse("fleet-board"), headers={"HX-Request": "true"}).content.decode()
     row = body[body.index('data-node="tank"') :]
     assert 'data-observed-pct="50.0"' in row[: row.index("</tr>")]
+
+
+def test_a_running_leases_run_time_counts_the_run_in_force(vera, fleet):
+    """Run time counted only runs that ended: a lease running for twelve minutes read "Run time 0 s"."""
+    from datetime import timedelta
+
+    from leases.models import Reservation
+
+    lease = submit()
+    assert lease.state == "active"
+    run = Reservation.objects.get(lease=lease, kind="vm", status="active")
+    Reservation.objects.filter(pk=run.pk).update(start=run.start - timedelta(minutes=12))
+    body = vera.get(reverse("lease-detail", args=[lease.pk])).content.decode()
+    shown = re.search(r"<dd data-run-time>(\d+) s, running since", body)
+    assert shown and 720 <= int(shown[1]) < 780, shown
