@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -60,6 +60,8 @@ _per_unit_s = INLINE_BUDGET_S / INLINE_WORK
 # The forecast looks at no more queued leases than this; the rest say so in their note.
 LIMIT = 5_000
 EVERY_S = 60.0
+# The embedded loop's large forecasts take at most about this share of the process's time (Background).
+SHARE = 0.1
 STATE_FIELDS = ("forecast_at", "forecast_signature", "forecast_stale", "forecast_version")
 ESTIMATE_FIELDS = ["estimated_start", "estimated_end", "estimate_note", "first_estimate"]
 QUEUED = (LeaseState.QUEUED.value, LeaseState.SUSPENDED_QUEUED.value)
@@ -86,11 +88,12 @@ def refresh(
     fingerprint: tuple,
     *,
     changed: bool,
-    tick: bool,
+    tick: Callable[[], bool] | None,
 ) -> Job | None:
     """Under the plan lock, with `state.version` already the version this pass commits: run the forecast if it
-    is due and cheap, or, for a large queue in a pass whose caller holds the runner (`tick`), return the Job to
-    compute after the pass commits. Records on `state` (the caller saves STATE_FIELDS) what it was taken from."""
+    is due and cheap, or, for a large queue in a pass whose caller holds the runner (`tick`, asked only then
+    whether to take one now: the embedded loop's throttle), return the Job to compute after the pass commits.
+    Records on `state` (the caller saves STATE_FIELDS) what it was taken from."""
     queue = sched.queue
     # Integers only (lease and node ids, capacities), whose hash is the same in every process (only str and bytes
     # hashes are salted); a tenth of the cost of hashing their repr, which every pass pays.
@@ -126,8 +129,8 @@ def refresh(
             },
         )
         return None
-    if not tick:
-        return None  # too big to run inside this pass: the next tick that holds the runner takes a snapshot
+    if tick is None or not tick():
+        return None  # too big to run inside this pass: the next tick that holds the runner (and may) takes it
     job = Job(snapshot(sched), now, dict(excluded), state.version, signature)
     _taken(state, signature)
     return job
@@ -238,6 +241,65 @@ def runner() -> Iterator[bool]:
 
 
 _running = threading.Lock()
+
+
+class Background:
+    """The embedded loop's way to compute a large forecast: on a thread of its own, so the loop's next rounds (the
+    sweep above all, whose promised timing a 6-16 s forecast inside the round broke) keep their period, and no
+    more than SHARE of the time, so the forecast does not monopolise the process that also serves the requests.
+
+    One at a time: the thread holds the runner while it computes, so the ticks meanwhile take no snapshot. The
+    next one is taken no sooner than the last one's wall time x (1/SHARE - 1) after it ended, even past EVERY_S:
+    estimates a minute or two older are the lesser harm than a process a forecast keeps busy."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._thread: threading.Thread | None = None
+        self._not_before = 0.0
+        self._said = False  # whether this throttle's hold was logged: once a hold, not every tick's
+
+    def may_take(self) -> bool:
+        """Asked by a tick's pass only when a large forecast is due: whether to take its snapshot now."""
+        if self._thread is not None and self._thread.is_alive():
+            return False
+        wait = self._not_before - self._clock()
+        if wait <= 0:
+            return True
+        if not self._said:
+            self._said = True
+            log.info(
+                "queue forecast throttled: the last one took long, the next waits",
+                extra={"share": SHARE, "next_in_s": round(wait, 1)},
+            )
+        return False
+
+    def start(self, job: Job) -> threading.Thread:
+        """Computes `job` on a new thread (after the tick released the runner, which the thread takes)."""
+        # Daemon: a process that is stopping does not wait for a forecast; its result is retaken after.
+        self._thread = threading.Thread(target=self._run, args=(job,), name="queue-forecast", daemon=True)
+        self._thread.start()
+        return self._thread
+
+    def _run(self, job: Job) -> None:
+        started = self._clock()
+        try:
+            with runner() as may:
+                if may:
+                    complete(job)
+                else:
+                    # Another thread or process took it between the tick's pass and now: its own snapshot is the
+                    # newer, which this one's result could only lose to.
+                    log.info(
+                        "queue forecast skipped: another runner took over", extra={"version": job.version}
+                    )
+        except Exception:
+            log.exception("queue forecast failed")
+        finally:
+            # Django's connections are per thread: this thread's would stay open, and hold SQLite's file, otherwise.
+            connection.close()
+            ended = self._clock()
+            self._not_before = ended + (ended - started) * (1 / SHARE - 1)
+            self._said = False
 
 
 def write(estimates: Mapping[int, Estimate]) -> int:
