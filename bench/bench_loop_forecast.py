@@ -76,20 +76,22 @@ def main() -> None:
         {"name": f"be-{i}", "type": "best_effort", "duration_s": 600, "nodes": [vm] * 64}
         for i in range(args.leases)
     ]
-    started = time.perf_counter()
-    answer = client.post("/api/leases/batch", {"leases": items}, format="json")
-    assert answer.status_code < 300, answer.content[:500]
-    print(f"batch: HTTP {answer.status_code} in {time.perf_counter() - started:.1f} s", flush=True)
-
     forecasts: list[dict] = []
 
     class Forecasts(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
             if record.getMessage().startswith("queue forecast") and hasattr(record, "cpu_ms"):
                 forecasts.append({"queued": record.queued, "cpu_ms": record.cpu_ms, "ms": record.ms})
+            elif record.getMessage().startswith("queue forecast slower than a pass"):
+                print(f"a pass's own forecast (inside the plan lock): {record.ms} ms of CPU", flush=True)
 
     logging.getLogger(forecasting.__name__).addHandler(Forecasts())
     logging.getLogger(forecasting.__name__).setLevel(logging.INFO)
+    started = time.perf_counter()
+    answer = client.post("/api/leases/batch", {"leases": items}, format="json")
+    assert answer.status_code < 300, answer.content[:500]
+    print(f"batch: HTTP {answer.status_code} in {time.perf_counter() - started:.1f} s", flush=True)
+
     swept: list[tuple[float, float | None]] = []
 
     def sweep(now):
