@@ -605,19 +605,27 @@ def notify_ending(now: datetime) -> int:
     return len(due)
 
 
-def advance(now: datetime) -> None:
+def advance(now: datetime, background: forecasting.Background | None = None) -> None:
     """The lease part of the tick: starts and ends due reservations, processes the queue and re-evaluates; then,
-    outside the plan lock, the queue forecast its pass handed off (a large queue's: leases/forecasting.py)."""
+    outside the plan lock, the queue forecast its pass handed off (a large queue's: leases/forecasting.py), here
+    or, given `background` (the embedded loop's), on a thread of its own once this tick has released the runner."""
     with forecasting.runner() as may_forecast:
         with planning(now) as plan:
-            plan.tick = may_forecast
+            if may_forecast:
+                plan.tick = background.may_take if background is not None else _always
             plan.scheduler.advance(plan.t, plan.excluded)
             for lease_id, reason in plan.scheduler.replaced:
                 # Its history step and its message say why (the applier writes them from the pass's journal).
                 lease = Lease.objects.get(pk=lease_id)
                 audit.record(at=now, actor=None, action="lease.replace", target=lease, reason=reason)
-        if plan.forecast is not None:
+        if plan.forecast is not None and background is None:
             forecasting.complete(plan.forecast)
+    if plan.forecast is not None and background is not None:
+        background.start(plan.forecast)
+
+
+def _always() -> bool:
+    return True
 
 
 def _tick_failed(now: datetime, exc: Exception) -> None:

@@ -14,16 +14,21 @@ import time
 from django.conf import settings
 from django.utils import timezone
 
+from leases import forecasting
 from leases.instances.actions import periodic
 from slotkeeper import shutdown
 
 log = logging.getLogger(__name__)
 
+# Where this process's ticks compute a large queue's forecast: on a thread of their own, throttled, so a forecast
+# of 6-16 s no longer holds the next round's sweep back past SWEEP_OUTAGE_GAP_S (leases/forecasting.py).
+FORECASTS = forecasting.Background()
+
 # (name, step, the least seconds between two runs of it in this process, or None for every round). Retention has
 # nothing to do most rounds: looking once a minute is plenty (beat schedules it the same way).
 STEPS = (
     ("fleet.sweep", periodic.sweep, None),
-    ("leases.tick", periodic.tick, None),
+    ("leases.tick", lambda now: periodic.tick(now, FORECASTS), None),
     ("reports.retention", periodic.retain, "RETENTION_EVERY_S"),
 )
 

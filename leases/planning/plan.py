@@ -5,6 +5,7 @@ requests' messages, the forecast job). `move_vnode` is a reschedule's one step o
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
@@ -26,9 +27,10 @@ class Planning:
     nodes: list[capacity.NodeState]
     # Leases whose placement report the caller wrote; the applier writes one for every other lease placed.
     reported: set[int] = field(default_factory=set)
-    # The periodic tick's pass while it holds the forecast runner: a large queue's forecast is snapshotted under
-    # the lock and handed back in `forecast`, to be computed after the pass commits (leases/forecasting.py).
-    tick: bool = False
+    # The periodic tick's pass while it holds the forecast runner: a large queue's forecast, if this says it may
+    # be taken now, is snapshotted under the lock and handed back in `forecast`, to be computed after the pass
+    # commits (leases/forecasting.py).
+    tick: Callable[[], bool] | None = None
     forecast: forecasting.Job | None = None
     # The decided requests' messages, written with the rest of their rows by the applier (applying.py,
     # `_write_leases`).

@@ -10,17 +10,19 @@ from django.db import transaction
 from django.db.models import Count
 
 from leases import actions as lease_actions
+from leases import forecasting
 from leases.instances.actions import alerts, drains, nodes, reschedules, restarts, retention
 from leases.instances.models import Reschedule, RescheduleStatus
 from slotkeeper import outbox
 
 
-def tick(now: datetime) -> None:
-    """One tick; a failure anywhere in it is recorded once for the whole step (leases.actions.recorded_tick)."""
+def tick(now: datetime, background: forecasting.Background | None = None) -> None:
+    """One tick; a failure anywhere in it is recorded once for the whole step (leases.actions.recorded_tick).
+    `background`: where a large queue's forecast is computed (the embedded loop's thread), else in the tick."""
     with lease_actions.recorded_tick(now):
         # Lost instances' proposals first: a lease that held capacity before its node died goes before the queue.
         reschedules.refresh(now)
-        lease_actions.advance(now)
+        lease_actions.advance(now, background)
         lease_actions.notify_ending(now)
         with transaction.atomic():
             reschedules.withdraw_moot(now)
