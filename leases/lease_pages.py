@@ -8,7 +8,6 @@ a URL with a bad value is answered 400 with a message naming it, and the list wi
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from urllib.parse import urlencode
@@ -20,6 +19,7 @@ from fleet.wording import words
 from leases.lifecycle import LeaseState
 from leases.models import Lease
 from slotkeeper.fields import whole_number
+from slotkeeper.pagination import PageNumbers
 
 PER_PAGE = 100
 # The states the filter offers, in the order a person looks for them; the URL may name any lease state.
@@ -79,27 +79,11 @@ def read_state(params: Mapping[str, str]) -> Checked:
 
 
 @dataclass
-class Page:
+class Page(PageNumbers):
     rows: list[Lease]
     matching: int  # leases in the state asked for (all of them when none is)
     number: int
     per: int = PER_PAGE
-
-    @property
-    def pages(self) -> int:
-        return max(1, math.ceil(self.matching / self.per))
-
-    @property
-    def past_end(self) -> bool:
-        return self.number > self.pages
-
-    @property
-    def first(self) -> int:
-        return (self.number - 1) * self.per + 1
-
-    @property
-    def last(self) -> int:
-        return min(self.matching, self.number * self.per)
 
 
 def matching(state: ListState) -> QuerySet[Lease]:

@@ -10,6 +10,8 @@ answers the first page: a client with a bug in its paging loop then reads page o
 
 from __future__ import annotations
 
+import math
+
 from rest_framework.exceptions import ValidationError
 from rest_framework.pagination import LimitOffsetPagination
 
@@ -48,3 +50,29 @@ class BoundedLimitOffsetPagination(LimitOffsetPagination):
             else:
                 parameter["schema"].update(minimum=0, maximum=INT64_MAX)
         return parameters
+
+
+class PageNumbers:
+    """What the console's paged lists (the fleet board, the lease list) say of the page they show, from the matching
+    rows counted in the database, the page's number (from 1) and the rows a page: how many pages, whether this one
+    is past the end, and which rows it holds ("Leases 101–200 of 250")."""
+
+    matching: int
+    number: int
+    per: int
+
+    @property
+    def pages(self) -> int:
+        return max(1, math.ceil(self.matching / self.per))
+
+    @property
+    def past_end(self) -> bool:
+        return self.number > self.pages
+
+    @property
+    def first(self) -> int:
+        return (self.number - 1) * self.per + 1
+
+    @property
+    def last(self) -> int:
+        return min(self.matching, self.number * self.per)

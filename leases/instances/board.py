@@ -12,7 +12,6 @@ grow with the rows that changed on screen, not with the fleet (bench/bench_board
 
 from __future__ import annotations
 
-import math
 import zlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -29,6 +28,7 @@ from leases import reads as lease_reads
 from leases.instances.filters import NodeFilterSet
 from leases.models import Allocation
 from slotkeeper.fields import is_id, whole_number
+from slotkeeper.pagination import PageNumbers
 
 PER_PAGE = 100
 PER_PAGE_CHOICES = (25, 50, 100, 200)
@@ -118,27 +118,11 @@ def read_state(params: Mapping[str, str], now: datetime) -> Checked:
 
 
 @dataclass
-class Page:
+class Page(PageNumbers):
     rows: list[NodeRow]
     matching: int  # nodes that match the filters
     number: int
     per: int
-
-    @property
-    def pages(self) -> int:
-        return max(1, math.ceil(self.matching / self.per))
-
-    @property
-    def past_end(self) -> bool:
-        return self.number > self.pages
-
-    @property
-    def first(self) -> int:
-        return (self.number - 1) * self.per + 1
-
-    @property
-    def last(self) -> int:
-        return min(self.matching, self.number * self.per)
 
     @property
     def keys(self) -> list[str]:
