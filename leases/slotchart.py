@@ -131,27 +131,54 @@ class Window:
         return out
 
 
-def window_from(params, now: datetime) -> Window:
-    from django.utils import timezone
+def start_from(raw: str) -> tuple[datetime | None, str]:
+    """`?from=`: the window's start, or None and why not. A start the API would refuse is no window either: near the
+    calendar's ends the window's own arithmetic (its end, a pan, a zoom's centre) ran past year 9999 or before year
+    1 and the page answered 500."""
     from django.utils.dateparse import parse_datetime
 
+    if not raw:
+        return None, ""
+    try:
+        start = parse_datetime(raw)
+    except ValueError:  # shaped like a date, not a real one ("2026-02-30")
+        start = None
+    if start is None:
+        return None, f'"{raw[:40]}" is not a date and time (for example 2026-12-06T12:00:00Z).'
+    start = start if start.tzinfo else start.replace(tzinfo=UTC)
+    if not EARLIEST_TIME <= start <= LATEST_TIME:
+        return None, "The window must start between 2000-01-01 and 9000-01-01 (UTC)."
+    return start, ""
+
+
+def window_from(params, now: datetime) -> Window:
     zoom = params.get("zoom", "6h")
     zoom = zoom if zoom in ZOOMS else "6h"
     span = ZOOMS[zoom]
-    raw = params.get("from", "") or ""
-    try:
-        start = parse_datetime(raw)
-    except ValueError:
-        start = None
-    if start is not None and timezone.is_naive(start):
-        start = start.replace(tzinfo=UTC)
-    # A start the API would refuse is no window either: near the calendar's ends the window's own arithmetic (its
-    # end, a pan, a zoom's centre) ran past year 9999 or before year 1 and the page answered 500.
-    if start is not None and not EARLIEST_TIME <= start <= LATEST_TIME:
-        start = None
+    start, _ = start_from(params.get("from", "") or "")
     following = start is None
     start = start or (now - span / 6)
     return Window(zoom, start, start + span, now, following)
+
+
+def problems(params) -> dict[str, str]:
+    """The values of the table's address it cannot read, one message each; the table is shown without them (its
+    default zoom, following now, any status, the forecast's first page), as the board and the lease list do. It
+    showed its default view for `zoom=13h` or `from=yesterday` and said nothing."""
+    found = {}
+    zoom = params.get("zoom", "")
+    if zoom and zoom not in ZOOMS:
+        found["zoom"] = f'"{zoom[:40]}" is not a zoom; one of {", ".join(ZOOMS)}.'
+    _, why = start_from(params.get("from", "") or "")
+    if why:
+        found["from"] = why
+    status = params.get("status", "").strip()
+    if status and status not in NodeStatus.values:
+        found["status"] = f'"{status[:40]}" is not a node status; one of {", ".join(NodeStatus.values)}.'
+    fpage = params.get("fpage", "")
+    if fpage and not (whole_number(fpage) or 0) >= 1:
+        found["fpage"] = f'"{fpage[:40]}" is not a page of the queue forecast (1 or more).'
+    return found
 
 
 def expanded_from(raw: str) -> frozenset[int]:

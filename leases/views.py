@@ -63,7 +63,9 @@ def slot_table(request):
     }
     context.update({f"{name}_section": markup for name, markup in slot_sections(context).items()})
     template = "leases/_slot_table.html" if request.htmx else "leases/slots.html"
-    return render(request, template, context)
+    found = slotchart.problems(request.GET)
+    context.update(problems=found, here_href=state.url())
+    return render(request, template, context, status=400 if found else 200)
 
 
 SECTIONS = {

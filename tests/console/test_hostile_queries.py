@@ -41,7 +41,8 @@ HOSTILE_GETS = [
 @pytest.mark.parametrize(("path", "query"), HOSTILE_GETS)
 def test_a_hostile_query_is_never_a_500(ada, fleet, path, query):
     response = ada.get(path, query)
-    assert response.status_code in (200, 404), (path, query, response.status_code)
+    # 400: a value the page says it cannot read (the slot table, as the board); never a 500.
+    assert response.status_code in (200, 400, 404), (path, query, response.status_code)
 
 
 # The lease list answers a value it cannot read as the board does: 400, naming it, with the list without it. A page
@@ -190,3 +191,25 @@ def test_a_drain_reason_past_the_apis_300_characters_is_refused_with_a_message(o
     assert response.status_code == 200
     assert "The reason: Ensure this field has no more than 300 characters." in response.content.decode()
     assert Node.objects.get(pk=node.pk).status == "online" and not Node.objects.get(pk=node.pk).drain_reason
+
+
+def test_a_slot_table_address_it_cannot_read_is_a_400_naming_each_value_and_shown_without_them(vera, fleet):
+    """The table showed its default view for `zoom=13h` or `from=yesterday` and said nothing (the board answers 400
+    with a message a value)."""
+    response = vera.get(
+        "/slots/", {"zoom": "13h", "from": "yesterday", "status": "asleep", "fpage": "-2", "q": "t"}
+    )
+    assert response.status_code == 400
+    import html
+
+    body = html.unescape(response.content.decode())
+    assert 'id="slot-problems"' in body and "This table's address has values it cannot read" in body
+    for said in ('zoom: "13h" is not a zoom; one of 1h, 6h, 24h, 7d.',
+                 'from: "yesterday" is not a date and time',
+                 'status: "asleep" is not a node status',
+                 'fpage: "-2" is not a page of the queue forecast'):  # fmt: skip
+        assert said in body, said
+    # Shown without them (the default zoom, following now), the readable filter kept, and so is the way back.
+    assert 'hx-get="/slots/?zoom=6h&q=t"' in body
+    assert '<a href="/slots/?zoom=6h&q=t">The table without them</a>' in body
+    assert vera.get("/slots/", {"zoom": "24h", "from": "2026-12-06T08:00:00Z"}).status_code == 200

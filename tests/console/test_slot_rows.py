@@ -236,7 +236,7 @@ def test_the_queue_forecast_pages_ten_leases_at_a_time_in_queue_order(vera, flee
     assert "fpage=2" in prev
     # A page past the end shows the last; a bad one the first.
     assert estimate_rows(slots(vera, zoom="6h", fpage="99")) == ids[20:]
-    assert estimate_rows(slots(vera, zoom="6h", fpage="x")) == ids[:ESTIMATE_PAGE]
+    assert estimate_rows(slots(vera, zoom="6h", fpage="x", expect=400)) == ids[:ESTIMATE_PAGE]
     # Zooming or panning starts the forecast at its first page again (its rows depend on the window).
     nav = last[last.index('id="slot-nav"') : last.index("</div>", last.index('id="slot-nav"'))]
     assert "fpage" not in nav
