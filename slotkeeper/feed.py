@@ -56,9 +56,12 @@ class EventPageSerializer(serializers.Serializer):
 class DigitsField(serializers.IntegerField):
     """A whole number in a query string, ASCII digits only (DRF's IntegerField also reads "+1", "1.0", " 1")."""
 
+    default_error_messages = {"digits": "Must be a whole number of 0 or more, in digits."}
+
     def to_internal_value(self, data):
         if not (isinstance(data, str) and data.isascii() and data.isdigit() and len(data) <= 19):
-            self.fail("invalid")
+            # "A valid integer is required." answered `after=-1`, which is an integer: say what is.
+            self.fail("digits")
         return super().to_internal_value(data)
 
 

@@ -71,3 +71,10 @@ def test_a_bad_filter_is_a_400_naming_it_not_an_empty_list(viewer, three, query,
 def test_filters_do_not_narrow_a_single_node(viewer, three):
     # The filters are the list's: a node is found by its id whatever else the query says.
     assert viewer.get(f"/api/nodes/{three[2].pk}/", {"status": "online"}).status_code == 200
+
+
+def test_a_status_repeated_lists_every_one_as_a_comma_list_does(viewer, three):
+    """`?status=online&status=dead` read the last value alone."""
+    assert listed(viewer, status=["offline", "dead"]) == listed(viewer, status="offline,dead")
+    assert listed(viewer, status=["dead"]) == ["morpheus"]
+    assert viewer.get("/api/nodes/", {"status": ["dead", "asleep"]}).status_code == 400

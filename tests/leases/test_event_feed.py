@@ -128,3 +128,9 @@ def test_the_stream_sends_each_event_with_its_seq_as_id_and_a_heartbeat_when_qui
     ids = [c.split("\n")[0] for c in chunks[1:4]]
     assert all(i.startswith("id: ") for i in ids) and "event: lease.submitted" in chunks[1]
     assert chunks[-1].startswith(": still here")
+
+
+def test_a_negative_seq_is_told_what_a_seq_is(viewer):
+    """`after=-1` was told "A valid integer is required": it is one."""
+    response = viewer.get("/api/events/", {"after": "-1"})
+    assert response.json() == {"after": ["Must be a whole number of 0 or more, in digits."]}
