@@ -84,7 +84,9 @@ class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
         # A bad value is a 400 naming it, not an empty or unsorted list.
         query = self.request.query_params
         params = {k: query[k] for k in ("q", "sort") if k in query}
-        if "status" in query:  # comma-separated or repeated (`status=online&status=dead`: the last alone was read)
+        if (
+            "status" in query
+        ):  # comma-separated or repeated (`status=online&status=dead`: the last alone was read)
             params["status"] = ",".join(query.getlist("status"))
         filterset = self.filterset(params, qs)
         if not filterset.is_valid():
