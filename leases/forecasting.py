@@ -4,7 +4,7 @@ estimates onto the Lease rows.
 The plan applier calls `refresh` at the end of every planning pass, under the plan lock and in its transaction. The
 forecast is worth running when the plan changed (a journal entry), when what it reads changed without a journal
 entry (the queue, the unusable nodes, the fleet's shape: a signature of them is kept on SchedulerState), and at
-least once a minute (time moves estimates that would start now). Its cost grows with queued leases x nodes
+least once a minute (time moves estimates that would start now). Its cost grows with queued VMs x nodes
 (bench/bench_forecast.py: about 1.3 s of CPU at 2,000 x 1,000, 8-10 s of wall time on a loaded machine), so:
 
 - while that product is small (INLINE_WORK) and the forecast, at what the last inline one cost per unit, would take
@@ -58,9 +58,10 @@ from slotkeeper.bulk import Row, update_many
 
 log = logging.getLogger(__name__)
 
-# What a pass computes inline: queued leases x nodes. About 25 ms of forecast at the bench's per-lease cost.
+# What a pass computes inline: queued VMs x nodes (of single-VM leases on the bench). About 25 ms of forecast at
+# the bench's per-lease cost.
 INLINE_WORK = 50_000
-# ...and at most this long as last measured. What one lease x node costs depends on the plan the queue is packed
+# ...and at most this long as last measured. What one VM x node costs depends on the plan the queue is packed
 # into: on an empty fleet about 0.5 µs, on a full one (1,000 nodes, 3,400 leases running) about 35 µs, when a
 # forecast of 50 queued leases took 1.7 s, inside every pass and so inside every lease request's answer. Each
 # inline forecast measures its cost per unit; a pass whose forecast would take longer at that rate leaves it to
@@ -125,7 +126,10 @@ def refresh(
     old = state.forecast_at is None or (now - state.forecast_at).total_seconds() >= EVERY_S
     if not (state.forecast_stale or old):
         return None
-    work = len(queue) * max(len(sched.table.nodes), 1)
+    # Its work is the VMs it packs, not the leases: a batch of 1,000 leases of 64 VMs counted as 1,000 and was
+    # forecast inside the batch's own pass (0.8 s of that request); only the first LIMIT are looked at.
+    vms = sum(len(sched.leases[lid].request.vnodes) for lid in queue[:LIMIT])
+    work = vms * max(len(sched.table.nodes), 1)
     if work <= INLINE_WORK and work * _per_unit_s <= INLINE_BUDGET_S:
         started, started_cpu = time.perf_counter(), time.thread_time()
         estimates = forecast(sched, now.timestamp(), excluded, limit=LIMIT)
@@ -151,7 +155,7 @@ def refresh(
 
 
 def _learn(work: int, cpu_s: float) -> float:
-    """Remembers what a forecast cost, in CPU seconds per queued lease x node: the latest is the best guess (the
+    """Remembers what a forecast cost, in CPU seconds per queued VM x node: the latest is the best guess (the
     cost follows the plan, which changes slowly). Inline forecasts and the ticks' both teach it, so passes go
     back to forecasting inline once the fleet is cheap to pack again."""
     global _per_unit_s
