@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
+from asgiref import sync
 from django.conf import settings
 from rest_framework.test import APIClient
 
@@ -121,6 +122,20 @@ def healthy(
         "load1": load1,
         "instances": list(instances),
     }
+
+
+@pytest.fixture
+def hops(monkeypatch):
+    """Counts the sync_to_async hand-offs made while the test runs (the one-hop handler makes one a request)."""
+    counted = {"n": 0}
+    original = sync.SyncToAsync.__call__
+
+    async def counting(self, *args, **kwargs):
+        counted["n"] += 1
+        return await original(self, *args, **kwargs)
+
+    monkeypatch.setattr(sync.SyncToAsync, "__call__", counting)
+    return counted
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -8,7 +8,6 @@ import json
 import threading
 
 import pytest
-from asgiref import sync
 from django.db import connection
 
 from slotkeeper.asgi import django_asgi_app
@@ -25,20 +24,6 @@ async def call(path, *, method="GET", headers=(), body=b""):
         django_asgi_app, path, method=method, headers=headers, body=body
     )
     return status, {k.decode().lower(): v.decode() for k, v in sent}, content
-
-
-@pytest.fixture
-def hops(monkeypatch):
-    """Counts the sync_to_async hand-offs made while the test runs."""
-    counted = {"n": 0}
-    original = sync.SyncToAsync.__call__
-
-    async def counting(self, *args, **kwargs):
-        counted["n"] += 1
-        return await original(self, *args, **kwargs)
-
-    monkeypatch.setattr(sync.SyncToAsync, "__call__", counting)
-    return counted
 
 
 @pytest.fixture

@@ -111,19 +111,6 @@ def test_asgiref_runs_a_thread_sensitive_call_on_the_executor_a_context_is_given
         executor.shutdown()
 
 
-@pytest.fixture
-def hops(monkeypatch):
-    counted = {"n": 0}
-    original = sync.SyncToAsync.__call__
-
-    async def counting(self, *args, **kwargs):
-        counted["n"] += 1
-        return await original(self, *args, **kwargs)
-
-    monkeypatch.setattr(sync.SyncToAsync, "__call__", counting)
-    return counted
-
-
 @pytest.mark.django_db(transaction=True)
 def test_djangos_own_handler_still_hands_each_of_its_middleware_to_a_thread(hops):
     """The handler's gain (docs/benchmarks/overrides.md) comes from Django running each MiddlewareMixin hook as a
