@@ -18,8 +18,7 @@ from django.urls import reverse
 from fleet.wording import words
 from leases.lifecycle import LeaseState
 from leases.models import Lease
-from slotkeeper.fields import whole_number
-from slotkeeper.pagination import PageNumbers
+from slotkeeper.pagination import PageNumbers, page_number
 
 PER_PAGE = 100
 # The states the filter offers, in the order a person looks for them; the URL may name any lease state.
@@ -70,11 +69,9 @@ def read_state(params: Mapping[str, str]) -> Checked:
             offered = "; ".join(words(s) for s in OFFERED)
             problems[WORDS["state"]] = f'"{raw_state[:40]}" is not a lease state; one of {offered}.'
     if "page" in params:
-        number = whole_number(params["page"].strip())
-        if number is None or number < 1:
-            problems[WORDS["page"]] = f'"{params["page"][:40]}" is not a page number; pages count from 1.'
-        else:
-            page = number
+        page, why = page_number(params["page"])
+        if why:
+            problems[WORDS["page"]] = why
     return Checked(ListState(state, page), problems)
 
 

@@ -52,6 +52,14 @@ class BoundedLimitOffsetPagination(LimitOffsetPagination):
         return parameters
 
 
+def page_number(raw: str) -> tuple[int, str]:
+    """A console list's `?page=`: the page, or the first and why the value cannot be read."""
+    number = whole_number(raw.strip())
+    if number is None or number < 1:
+        return 1, f'"{raw[:40]}" is not a page number; pages count from 1.'
+    return number, ""
+
+
 class PageNumbers:
     """What the console's paged lists (the fleet board, the lease list) say of the page they show, from the matching
     rows counted in the database, the page's number (from 1) and the rows a page: how many pages, whether this one

@@ -28,7 +28,7 @@ from leases import reads as lease_reads
 from leases.instances.filters import NodeFilterSet
 from leases.models import Allocation
 from slotkeeper.fields import is_id, whole_number
-from slotkeeper.pagination import PageNumbers
+from slotkeeper.pagination import PageNumbers, page_number
 
 PER_PAGE = 100
 PER_PAGE_CHOICES = (25, 50, 100, 200)
@@ -94,11 +94,9 @@ def read_state(params: Mapping[str, str], now: datetime) -> Checked:
     good = filterset.form.cleaned_data
     page, per = 1, PER_PAGE
     if "page" in params:
-        number = whole_number(params["page"].strip())
-        if number is None or number < 1:
-            problems[WORDS["page"]] = f'"{params["page"][:40]}" is not a page number; pages count from 1.'
-        else:
-            page = number
+        page, why = page_number(params["page"])
+        if why:
+            problems[WORDS["page"]] = why
     if "per" in params:
         number = whole_number(params["per"].strip())
         if number is None or not 1 <= number <= MAX_PER_PAGE:
