@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 from django import template
+from django.utils import timezone
+from django.utils.timesince import timeuntil
 
 from fleet import wording
 
@@ -36,9 +38,6 @@ def vm_shapes(vnodes) -> str:
 def time_until(moment) -> str:
     """How long until `moment`, as `timeuntil` says it, but "less than a minute" under one: the slot table's
     countdown said "in 0 minutes" for a lease ending within the minute."""
-    from django.utils import timezone
-    from django.utils.timesince import timeuntil
-
     if moment is None:
         return ""
     if (moment - timezone.now()).total_seconds() < 60:
