@@ -694,8 +694,11 @@
   // a[data-key] links followed by their key (the slot table's pan and zoom). They can be switched off per person
   // (slotkeeper/preferences.py): body[data-shortcuts] says which. Everything a key does is said in #announce.
 
-  const GO_WAIT_MS = 1500;  // how long `g` waits for its letter
-  let goTimer = null;
+  // How long `g` waits for its letter, measured between the two keys' own timestamps (when they were pressed), not
+  // by a timer: on a page busy laying out a live update a timer could fire after the letter was pressed and before
+  // its keydown ran, and the letter would be dropped.
+  const GO_WAIT_MS = 1500;
+  let goSince = null;
 
   function shortcutsOn() { return document.body.dataset.shortcuts !== "off"; }
 
@@ -703,7 +706,7 @@
     return !!(el && el.closest && el.closest("input, textarea, select, [contenteditable], [contenteditable=true]"));
   }
 
-  function endGo() { clearTimeout(goTimer); goTimer = null; }
+  function endGo() { goSince = null; }
 
   function openSheet() {
     const sheet = $("shortcuts");
@@ -714,7 +717,8 @@
     if (e.defaultPrevented || e.ctrlKey || e.metaKey || e.altKey || typing(e.target)) return;
     if (!shortcutsOn() || document.querySelector("dialog[open]")) { endGo(); return; }
     const key = e.key;
-    if (goTimer) {
+    if (goSince !== null && e.timeStamp - goSince > GO_WAIT_MS) endGo();
+    if (goSince !== null) {
       endGo();
       if (key === "Escape" || key === "Shift") return;
       const target = document.querySelector('a[data-goto="' + CSS.escape(key.toLowerCase()) + '"]');
@@ -725,7 +729,7 @@
     }
     if (key === "g") {
       e.preventDefault();
-      goTimer = setTimeout(function () { goTimer = null; }, GO_WAIT_MS);
+      goSince = e.timeStamp;
       announce("Go to: press a page's letter");
       return;
     }
