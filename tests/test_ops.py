@@ -132,3 +132,24 @@ def test_a_form_too_large_or_with_too_many_fields_is_told_so_and_logged_as_the_c
     for record in refused:
         assert noted.filter(record) is True
         assert record.levelname == "INFO" and record.exc_info is None, "the client's mistake, not an error"
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "said"),
+    [
+        ("/api/leases/?" + "&".join(f"f{i}=1" for i in range(2000)), 400, "too many fields (1,000 at most)"),
+        (
+            "/api/nodes/?" + "&".join(f"status={i}" for i in range(2000)),
+            400,
+            "too many fields (1,000 at most)",
+        ),
+    ],
+    ids=["leases-2000-params", "nodes-2000-params"],
+)
+def test_an_api_query_with_too_many_fields_is_told_so_in_json(operator, path, status, said):
+    """Django refuses the query string before DRF reads it (a SuspiciousOperation DRF does not handle): the answer is
+    the API's JSON with a message, as every API error, not the console's text or Django's empty page."""
+    response = operator.get(path)
+    assert response.status_code == status
+    assert response["Content-Type"] == "application/json"
+    assert said in response.json()["detail"]
