@@ -197,3 +197,16 @@ def test_the_latest_placement_and_its_report_read_as_words(otto, fleet):
     assert "reschedule of instance web-3" in page and "reschedule:web-3" not in page
     assert wording.subject_words("lease:7") == "lease 7"
     assert wording.subject_words("preview") == "preview"
+
+
+def test_a_verdicts_holds_and_the_fits_column_are_told_apart():
+    """A fitting node's verdict said "holds 2" beside a column headed "Holds" that said 8: the verdict counts what
+    this lease may place there (its own limits applied), the column what fits on the node whatever those limits."""
+    from django.template.loader import render_to_string
+
+    verdict = {"node": "a", "node_id": 0, "fit": True, "holds": 2, "slots": 8, "rank": 1, "numbers": {}}
+    parser = Text()
+    parser.feed(render_to_string("fleet/_verdicts.html", {"verdicts": [verdict]}))
+    words = " ".join(" ".join(parser.parts).split())
+    assert "Fits" in words and "Holds" not in words
+    assert "✔ fit holds 2 8" in words
