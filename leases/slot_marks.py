@@ -197,7 +197,7 @@ def fingerprint(markup: str) -> str:
     return f"{zlib.crc32(markup.encode()):08x}"
 
 
-def row_group(row, width: int, label_w: int, node_link: str) -> tuple[str, str]:
+def row_group(row, width: int, label_w: int, node_link: str, more: str, marks: str) -> tuple[str, str]:
     """One node's row: its label (a link to the node, with its figures as the accessible name), the over-allocatable
     flag, the status dot, the drain reason's band, and its marks; and its version, the fingerprint of that markup
     (`data-v`, which a live patch compares: leases/slot_patch.py). Its y is in the markup, so a row that moved down
@@ -230,7 +230,7 @@ def row_group(row, width: int, label_w: int, node_link: str) -> tuple[str, str]:
         f'tabindex="{0 if row.index == 0 else -1}" aria-label="{title}"><text x="14" y="{y + 13}" class="label">'
         f"<title>{title}</title>{escape(row.label)}</text></a>{over}"
         f'<circle class="dot" cx="6" cy="{y + 9}" r="3.5" aria-hidden="true"><title>{status}</title></circle>'
-        f"{reason}</g>{row.more}{row.marks}"
+        f"{reason}</g>{more}{marks}"
     )
     version = fingerprint(attributes + inside)
     return f'<g {attributes} data-v="{version}">{inside}</g>', version

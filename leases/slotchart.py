@@ -17,6 +17,7 @@ leases/slot_marks.py."""
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from urllib.parse import urlencode
@@ -24,6 +25,7 @@ from urllib.parse import urlencode
 from django.db import connection
 from django.urls import reverse
 from django.utils.safestring import SafeString, mark_safe
+from django.utils.translation import get_language
 
 from fleet.models import Node, NodeStatus
 from fleet.views import Figures, figures
@@ -279,9 +281,6 @@ def links(state: State) -> dict:
     }
 
 
-NO_MORE = mark_safe("")  # a row with nothing folded: no "+N more"
-
-
 @dataclass
 class Row:
     node: Node
@@ -293,10 +292,10 @@ class Row:
     label: str
     reason: str
     lanes: int
-    marks: SafeString = field(default_factory=lambda: mark_safe(""))
-    more: SafeString = field(default_factory=lambda: mark_safe(""))  # its "+N more" / "show fewer", if any
     hidden: int = 0  # reservations not drawn (behind "+N more")
-    drawn: SafeString = field(default_factory=lambda: mark_safe(""))  # the whole row group
+    drawn: SafeString = field(
+        default_factory=lambda: mark_safe("")
+    )  # the whole row group, its marks included
     version: str = ""  # the fingerprint of `drawn`
 
 
@@ -503,23 +502,57 @@ def more_link(state: State, node: Node, index: int, laid: Laid, expanded: bool, 
     )
 
 
+class DrawnRows:
+    """Rows already drawn, by everything their markup is drawn from: the node's fields as read, its committed-now
+    figures, its allocations in the window, its place (index, y), whether it is expanded, the window and the table's
+    state (which every "+N more" link carries) and the language. A live table's patch lays out every loaded row to
+    compare versions (leases/slot_patch.py); most have not changed since the last request, and their layout and
+    markup were four fifths of its time. Same inputs, same markup: tests/console/test_slot_memo.py renders with the
+    memo warm and cold after every kind of change and finds them byte-identical. Bounded (oldest out first), per
+    process; a lock, as Daphne's threads may share it."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.rows: dict[tuple, Row] = {}
+        self.lock = threading.Lock()
+
+    def get(self, key: tuple) -> Row | None:
+        return self.rows.get(key)
+
+    def put(self, key: tuple, row: Row) -> None:
+        with self.lock:
+            self.rows[key] = row
+            while len(self.rows) > self.size:
+                del self.rows[next(iter(self.rows))]
+
+    def clear(self) -> None:
+        with self.lock:
+            self.rows.clear()
+
+
+# Two fleets' worth of a table with every page loaded, or the loaded pages of a few consoles' windows.
+DRAWN = DrawnRows(2 * MAX_PAGES * ROWS_PER_PAGE)
+
 NODE_FIELDS = ("id", "name", "status", "drain_reason", "cpu_cores", "mem_total_mib", "disk_total_gib")
+ROW_NODE_FIELDS = (*NODE_FIELDS, "idle_baseline_mib")  # what a row reads of its node
 
 
 def build_pages(ids: list[int], first_page: int, pages: int, state: State) -> list[Page]:
     """Pages first_page .. first_page + pages - 1 of the rows of `ids`, laid out: three queries for any number."""
-    window, filters = state.window, state.filters
+    window = state.window
     lo = first_page * ROWS_PER_PAGE
     wanted = ids[lo : lo + pages * ROWS_PER_PAGE]
     if not wanted:
         return []
-    by_id = {n.pk: n for n in Node.objects.only(*NODE_FIELDS, "idle_baseline_mib").filter(pk__in=wanted)}
+    by_id = {n.pk: n for n in Node.objects.only(*ROW_NODE_FIELDS).filter(pk__in=wanted)}
     committed = committed_now(window.now, wanted)
     allocs: dict[int, list[Alloc]] = {}
     for a in window_allocations(window.start, window.end, wanted):
         allocs.setdefault(a.node_id, []).append(a)
     link = reverse("lease-detail", args=[0])[:-2]  # "/leases/": the id and slash are appended per bar
     node_link = reverse("node-detail", args=[0])[:-2]  # "/nodes/"
+    # Everything a row is drawn from that is the same for every row (the window's `now` is not: no row reads it).
+    table = (state.query(), window.start, window.end, get_language(), link, node_link)
     out: list[Page] = []
     for p in range(pages):
         chunk = wanted[p * ROWS_PER_PAGE : (p + 1) * ROWS_PER_PAGE]
@@ -529,41 +562,47 @@ def build_pages(ids: list[int], first_page: int, pages: int, state: State) -> li
         rows: list[Row] = []
         for k, node_id in enumerate(chunk):
             node = by_id[node_id]
-            title, shown, label = row_label(node, committed)
-            expanded = node_id in state.expanded
-            laid = layout_row(node, allocs.get(node_id, []), y, window, filters, link, expanded)
             index = lo + p * ROWS_PER_PAGE + k
-            # Every database text in `more` went through escape() (leases/slot_marks.py).
-            more = mark_safe(more_link(state, node, index, laid, expanded, y)) if laid.folded else NO_MORE  # noqa: S308
-            # Every database text in `marks` went through escape() (leases/slot_marks.py).
-            rows.append(
-                Row(
-                    node,
-                    index,
-                    y,
-                    laid.height,
-                    title,
-                    shown,
-                    label,
-                    reason_of(node),
-                    laid.lanes,
-                    mark_safe(laid.marks),  # noqa: S308
-                    more,
-                    len(laid.hidden),
-                )
-            )
-            y += laid.height
+            mine = allocs.get(node_id, [])
+            fields = tuple(getattr(node, name) for name in ROW_NODE_FIELDS)
+            key = (table, index, y, node_id in state.expanded, fields, committed.get(node_id), tuple(mine))
+            row = DRAWN.get(key)
+            if row is None:
+                row = draw_row(node, mine, index, y, state, committed, link, node_link)
+                DRAWN.put(key, row)
+            rows.append(row)
+            y += row.height
         page_index = first_page + p
         # Every database text in both went through escape() (leases/slot_marks.py).
         backdrop = mark_safe(row_backdrop(rows, WIDTH, LABEL_W))  # noqa: S308
-        for r in rows:
-            drawn, r.version = row_group(r, WIDTH, LABEL_W, node_link)
-            r.drawn = mark_safe(drawn)  # noqa: S308
         markup = mark_safe("".join(r.drawn for r in rows))  # noqa: S308
         page = Page(page_index, rows, y, page_index * ROWS_PER_PAGE + 1, backdrop, markup)
         page.version = fingerprint(f"{y}:{backdrop}")
         out.append(page)
     return out
+
+
+def draw_row(
+    node: Node,
+    allocs: list[Alloc],
+    index: int,
+    y: int,
+    state: State,
+    committed: dict[int, tuple[float, int, int]],
+    link: str,
+    node_link: str,
+) -> Row:
+    """One node's row, laid out and drawn, with its version."""
+    title, shown, label = row_label(node, committed)
+    expanded = node.pk in state.expanded
+    laid = layout_row(node, allocs, y, state.window, state.filters, link, expanded)
+    # Every database text in `more` went through escape() (leases/slot_marks.py).
+    more = more_link(state, node, index, laid, expanded, y) if laid.folded else ""
+    row = Row(node, index, y, laid.height, title, shown, label, reason_of(node), laid.lanes, len(laid.hidden))
+    # Every database text in the marks and the row went through escape() (leases/slot_marks.py).
+    drawn, row.version = row_group(row, WIDTH, LABEL_W, node_link, more, laid.marks)
+    row.drawn = mark_safe(drawn)  # noqa: S308
+    return row
 
 
 def axis(window: Window) -> list[dict]:
