@@ -507,31 +507,45 @@ class DrawnRows:
     figures, its allocations in the window, its place (index, y), whether it is expanded, the window and the table's
     state (which every "+N more" link carries) and the language. A live table's patch lays out every loaded row to
     compare versions (leases/slot_patch.py); most have not changed since the last request, and their layout and
-    markup were four fifths of its time. Same inputs, same markup: tests/console/test_slot_memo.py renders with the
-    memo warm and cold after every kind of change and finds them byte-identical. Bounded (oldest out first), per
-    process; a lock, as Daphne's threads may share it."""
+    markup were about half of its time (bench/bench_slot_patch.py). Same inputs, same markup:
+    tests/console/test_slot_memo.py draws the table with the memo warm and cold after every kind of change and finds
+    them byte-identical. Per process, bounded by the bytes it holds (oldest out first), not by rows: a week's window
+    on a busy node draws a hundred bars to a row; a lock, as Daphne's threads may share it."""
 
-    def __init__(self, size: int):
-        self.size = size
-        self.rows: dict[tuple, Row] = {}
+    def __init__(self, budget_bytes: int):
+        self.budget = budget_bytes
+        self.held = 0
+        self.rows: dict[tuple, tuple[Row, int]] = {}
         self.lock = threading.Lock()
 
     def get(self, key: tuple) -> Row | None:
-        return self.rows.get(key)
+        found = self.rows.get(key)
+        return found[0] if found else None
 
-    def put(self, key: tuple, row: Row) -> None:
+    def put(self, key: tuple, row: Row, allocs: int) -> None:
+        # The markup, and the key's allocations (a tuple of eleven values each, about as large as a bar's markup).
+        weight = len(row.drawn) + ALLOC_BYTES * allocs
+        if weight > self.budget:
+            return
         with self.lock:
-            self.rows[key] = row
-            while len(self.rows) > self.size:
-                del self.rows[next(iter(self.rows))]
+            old = self.rows.pop(key, None)
+            if old:
+                self.held -= old[1]
+            self.rows[key] = (row, weight)
+            self.held += weight
+            while self.held > self.budget and self.rows:
+                _, gone = self.rows.pop(next(iter(self.rows)))
+                self.held -= gone
 
     def clear(self) -> None:
         with self.lock:
             self.rows.clear()
+            self.held = 0
 
 
-# Two fleets' worth of a table with every page loaded, or the loaded pages of a few consoles' windows.
-DRAWN = DrawnRows(2 * MAX_PAGES * ROWS_PER_PAGE)
+ALLOC_BYTES = 600
+# 32 MiB a process: a 1,000-node table with every page loaded at ten bars a row holds about 12 MiB.
+DRAWN = DrawnRows(32 * 2**20)
 
 NODE_FIELDS = ("id", "name", "status", "drain_reason", "cpu_cores", "mem_total_mib", "disk_total_gib")
 ROW_NODE_FIELDS = (*NODE_FIELDS, "idle_baseline_mib")  # what a row reads of its node
@@ -569,7 +583,7 @@ def build_pages(ids: list[int], first_page: int, pages: int, state: State) -> li
             row = DRAWN.get(key)
             if row is None:
                 row = draw_row(node, mine, index, y, state, committed, link, node_link)
-                DRAWN.put(key, row)
+                DRAWN.put(key, row, len(mine))
             rows.append(row)
             y += row.height
         page_index = first_page + p

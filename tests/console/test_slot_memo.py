@@ -11,6 +11,7 @@ from datetime import timedelta
 import pytest
 from django.db.models import F
 from django.utils import timezone
+from django.utils.safestring import mark_safe
 
 from fleet.models import Node
 from leases import slotchart
@@ -177,9 +178,18 @@ def test_another_state_of_the_table_is_drawn_for_that_state(table, fleet, first,
     assert after != before
 
 
-def test_the_memo_is_bounded_oldest_out_first():
-    memo = slotchart.DrawnRows(2)
-    row = object()
-    for key in ("a", "b", "c"):
-        memo.put((key,), row)  # type: ignore[arg-type]
-    assert (memo.get(("a",)), memo.get(("b",)), memo.get(("c",))) == (None, row, row)
+def test_the_memo_is_bounded_by_the_bytes_it_holds_oldest_out_first():
+    def row(size: int) -> slotchart.Row:
+        return slotchart.Row(None, 0, 0, 18, "", None, "", "", 1, drawn=mark_safe("x" * size))  # type: ignore[arg-type]
+
+    memo = slotchart.DrawnRows(budget_bytes=10_000)
+    memo.put(("a",), row(4_000), allocs=0)
+    memo.put(("b",), row(4_000), allocs=0)
+    assert memo.held == 8_000
+    memo.put(("c",), row(1_000), allocs=2)  # 1,000 B of markup and two allocations in its key: 2,200 B
+    assert memo.get(("a",)) is None, "the oldest went to make room"
+    assert memo.get(("b",)) and memo.get(("c",)) and memo.held == 4_000 + 1_000 + 2 * slotchart.ALLOC_BYTES
+    memo.put(("b",), row(500), allocs=0)  # drawn again: its old weight is given back
+    assert memo.held == 500 + 2_200
+    memo.put(("huge",), row(20_000), allocs=0)  # larger than the whole budget: not kept, nothing pushed out
+    assert (memo.get(("huge",)), memo.held, len(memo.rows)) == (None, 2_700, 2)
