@@ -153,6 +153,14 @@
   function beforeSwap(e) {
     const target = e.detail.target;
     if (!target || !target.id || !target.hasAttribute("data-live") || !e.detail.shouldSwap) return;
+    // A region's own refresh that asked for another state than the region shows now is stale: a pager link moved it
+    // on while the refresh was on its way, and page 1 landed after page 2, under page 2's URL.
+    const asked = e.detail.requestConfig;
+    if (asked && asked.elt === target && asked.verb === "get" && target.getAttribute("hx-get") &&
+        asked.path !== target.getAttribute("hx-get")) {
+      e.detail.shouldSwap = false;
+      return;
+    }
     const print = fingerprint(e.detail.serverResponse || "");
     lastUpdate = Date.now();
     if (lastPrint.get(target.id) === print) {
